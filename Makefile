@@ -1,0 +1,39 @@
+# tuneq: `make install`, `make demo`, `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch first and pinned: a looser spec lets pip pick a multi-GB CUDA build on a CPU host.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.tuneq-installed
+
+.PHONY: install demo test test-fast lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=69" wheel
+	$(PY) -m pip install --quiet "$(TORCH)"
+	# DeepSpeed builds against the torch already installed, hence no build isolation.
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/tuneq demo
+
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .tuneq .mypy_cache .ruff_cache .pytest_cache

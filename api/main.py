@@ -1,0 +1,42 @@
+"""The FastAPI app. ``uvicorn api.main:app`` or ``tuneq serve``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.routes import health, jobs
+from shared.db import init_db
+from shared.deepspeed_config import known_top_level_keys
+
+logger = logging.getLogger(__name__)
+
+
+def _warm_deepspeed_parser() -> None:
+    # The first submit would otherwise wait seconds for DeepSpeed (and torch) to import;
+    # doing it off the request path keeps start-up fast and the first submit quick.
+    try:
+        known_top_level_keys()
+    except Exception:
+        logger.exception("could not import DeepSpeed's config parser")
+
+
+@asynccontextmanager
+async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    init_db()
+    threading.Thread(target=_warm_deepspeed_parser, name="warm-deepspeed", daemon=True).start()
+    yield
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    return app
+
+
+app = create_app()

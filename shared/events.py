@@ -1,0 +1,57 @@
+"""The events rank 0 writes for the worker, one JSON object per line of ``events.jsonl``.
+
+The file is the only channel from the training processes to the worker, so training never
+waits on the database: rank 0 appends and flushes a line, the worker tails and batches.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+
+class PlanEvent(BaseModel):
+    """Sent once the data is loaded: how many optimizer steps this run will take."""
+
+    type: Literal["plan"] = "plan"
+    total_steps: int
+    steps_per_epoch: int
+    num_samples: int
+    world_size: int
+
+
+class MetricEvent(BaseModel):
+    type: Literal["metric"] = "metric"
+    step: int
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    epoch: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    time: str  # ISO 8601, UTC, the moment the step finished
+
+
+class CheckpointEvent(BaseModel):
+    """Written only after the checkpoint's manifest is complete."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    step: int
+    kind: Literal["deepspeed", "model"]
+    uri: str
+    bytes: int
+    time: str
+
+
+class RankError(BaseModel):
+    """What a rank writes to ``errors/rank-<n>.json`` before it exits non-zero."""
+
+    rank: int
+    code: str
+    message: str
+    time: str
+
+
+TrainingEvent = Annotated[PlanEvent | MetricEvent | CheckpointEvent, Field(discriminator="type")]
+training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent] = TypeAdapter(TrainingEvent)

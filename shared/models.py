@@ -1,0 +1,196 @@
+"""SQL tables (SQLModel) and the public shapes the API returns for them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _timestamp(*, nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=nullable, index=index))
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+class ErrorCode(StrEnum):
+    """Failure classes on a job's error. Users act on the message; code tells who must act."""
+
+    invalid_input = "invalid_input"  # the job's data or config is wrong: fix the job
+    unsupported_hardware = "unsupported_hardware"  # the job asks for what this worker cannot give
+    training_error = "training_error"  # the training processes crashed
+    worker_lost = "worker_lost"  # the worker stopped or died while the job ran
+    internal_error = "internal_error"  # tuneq itself failed
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    name: str | None = Field(default=None, max_length=200)
+    status: JobStatus = Field(default=JobStatus.queued, index=True)
+    model: str
+    dataset: str
+    deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    num_gpus: int
+    training: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
+    )
+    started_at: datetime | None = _timestamp()
+    finished_at: datetime | None = _timestamp()
+    step: int = 0
+    total_steps: int | None = None
+    latest_metrics: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    error_code: str | None = None
+    error_message: str | None = None
+    worker_id: str | None = None
+    attempts: int = 0
+
+
+class JobMetric(SQLModel, table=True):
+    """One row per optimizer step that rank 0 reported."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    step: int
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    epoch: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    time: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class CheckpointKind(StrEnum):
+    deepspeed = "deepspeed"  # the engine's own checkpoint (resumable)
+    model = "model"  # a Hugging Face model directory (safetensors + tokenizer)
+
+
+class Checkpoint(SQLModel, table=True):
+    """A checkpoint is recorded only once its manifest is complete."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", "kind"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    step: int
+    kind: CheckpointKind
+    uri: str
+    bytes: int
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Worker(SQLModel, table=True):
+    """A worker's hardware, so the API can refuse what no worker can run (fp16 without CUDA)."""
+
+    __tablename__ = "workers"
+
+    id: str = Field(primary_key=True)
+    hostname: str
+    accelerator: str  # "cuda" or "cpu"
+    device_count: int
+    started_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_seen_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
+    )
+
+
+# ---- public shapes ---------------------------------------------------------------------
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite hands timestamps back without their zone; every timestamp tuneq writes is UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+class JobError(SQLModel):
+    code: str
+    message: str
+
+
+class JobPublic(SQLModel):
+    id: uuid.UUID
+    name: str | None
+    status: JobStatus
+    model: str
+    dataset: str
+    deepspeed_config: dict[str, Any]
+    num_gpus: int
+    training: dict[str, Any]
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    step: int
+    total_steps: int | None
+    latest_metrics: dict[str, Any] | None
+    error: JobError | None
+    attempts: int
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobPublic:
+        error = JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None
+        return cls.model_validate(job, update={"error": error})
+
+
+class JobsPublic(SQLModel):
+    data: list[JobPublic]
+    count: int
+
+
+class MetricPublic(SQLModel):
+    step: int
+    loss: float | None
+    learning_rate: float | None
+    grad_norm: float | None
+    epoch: float | None
+    tokens_per_second: float | None
+    samples_per_second: float | None
+    time: UTCDateTime
+
+
+class MetricsPublic(SQLModel):
+    data: list[MetricPublic]
+
+
+class CheckpointPublic(SQLModel):
+    step: int
+    kind: CheckpointKind
+    uri: str
+    created_at: UTCDateTime
+    bytes: int
+
+
+class CheckpointsPublic(SQLModel):
+    data: list[CheckpointPublic]
+
+
+class LogsPublic(SQLModel):
+    lines: list[str]

@@ -1,0 +1,93 @@
+"""A tiny GPT-Neo-shaped model, tokenizer and dataset, built locally (no hub downloads).
+
+Used by ``tuneq demo`` and by the tests. transformers and tokenizers are imported inside the
+functions: ``shared`` must stay light at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+SEED_DEEPSPEED_CONFIG: dict[str, object] = {
+    "train_batch_size": 1,
+    "fp16": {"enabled": True},
+    "zero_optimization": {
+        "stage": 2,
+        "contiguous_gradients": True,
+        "overlap_comm": True,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True, "fast_init": True},
+    },
+    "optimizer": {"type": "Adam", "params": {"lr": 3e-05, "betas": [0.9, 0.999], "eps": 1e-8}},
+}
+
+_SUBJECTS = ["the cat", "a dog", "the model", "my friend", "the engine", "a bird", "the teacher", "our team"]
+_VERBS = ["sees", "likes", "trains", "finds", "builds", "reads", "follows", "paints"]
+_OBJECTS = ["the ball", "a tree", "the data", "a song", "the river", "a book", "the light", "a plan"]
+
+
+def seed_config(*, fp16: bool, train_batch_size: int = 1, zero_stage: int = 2, lr: float = 3e-5) -> dict[str, object]:
+    """The core issue's reference config, with the knobs tests and the demo need to vary."""
+    config = json.loads(json.dumps(SEED_DEEPSPEED_CONFIG))
+    config["fp16"] = {"enabled": fp16}
+    config["train_batch_size"] = train_batch_size
+    config["zero_optimization"]["stage"] = zero_stage
+    config["optimizer"]["params"]["lr"] = lr
+    return config
+
+
+def sample_texts(n: int, *, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        " ".join(
+            f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}." for _ in range(rng.randint(1, 3))
+        )
+        for _ in range(n)
+    ]
+
+
+def write_text_dataset(path: Path, *, records: int = 64, seed: int = 0, vary: bool = True) -> Path:
+    """JSON Lines of short sentences; ``vary=False`` repeats one, so loss falls with no noise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    texts = sample_texts(records, seed=seed) if vary else sample_texts(1, seed=seed) * records
+    with path.open("w", encoding="utf-8") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}) + "\n")
+    return path
+
+
+def build_tiny_model(directory: Path, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """A randomly initialised GPT-Neo with a BPE tokenizer trained on the sample texts."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import decoders as tok_decoders
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tok_decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|endoftext|>"])
+    tokenizer.train_from_iterator(sample_texts(500, seed=seed), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+    eos_id = tokenizer.token_to_id("<|endoftext|>")
+    config = GPTNeoConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=hidden_size,
+        num_layers=layers,
+        num_heads=4,
+        attention_types=[[["global", "local"], layers // 2 or 1]],
+        max_position_embeddings=256,
+        intermediate_size=hidden_size * 4,
+        window_size=64,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+    )
+    model = GPTNeoForCausalLM(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory

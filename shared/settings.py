@@ -1,0 +1,68 @@
+"""All tuneq settings, read from the environment (prefix ``TUNEQ_``) in one place."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Defaults give the embedded, no-services setup."""
+
+    model_config = SettingsConfigDict(env_prefix="TUNEQ_", extra="ignore")
+
+    home: Path = Field(default=Path("./.tuneq"), description="State directory; runs live in home/runs/<id>.")
+    database_url: str = Field(default="", description="SQLAlchemy URL; default SQLite under home.")
+    broker_url: str = Field(default="", description="Celery broker URL; default a SQLite broker under home.")
+    allowed_roots: str = Field(
+        default="", description="os.pathsep-separated directories local models and datasets may come from."
+    )
+    # How long a worker may go unseen before the API stops counting it when it decides what
+    # hardware the deployment has (fp16 needs CUDA).
+    worker_seen_seconds: int = 120
+    # Training-log lines the API returns at most for one /logs request.
+    max_log_tail: int = 10_000
+    # The queue jobs go to; later, one queue per worker size.
+    queue: str = "tuneq"
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        self.home = self.home.expanduser().resolve()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.home / 'tuneq.sqlite'}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{self.home / 'broker.sqlite'}"
+        if not self.allowed_roots:
+            self.allowed_roots = str(self.home / "data")
+        return self
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def allowed_root_paths(self) -> list[Path]:
+        return [Path(p).expanduser().resolve() for p in self.allowed_roots.split(os.pathsep) if p]
+
+    @property
+    def uses_embedded_database(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.broker_url.startswith("sqla+sqlite")
+
+    def ensure_dirs(self) -> None:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        for root in self.allowed_root_paths:
+            if root.is_relative_to(self.home):
+                root.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

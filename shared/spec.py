@@ -1,0 +1,64 @@
+"""The job a user submits, and the spec the worker hands to the training processes.
+
+Shape rules (types, ranges, unknown fields) live here as pydantic models; rules that need
+the filesystem, DeepSpeed or the deployment's hardware live in ``shared.validation``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainingOptions(BaseModel):
+    """Training-loop knobs. Batch sizes, optimizer and precision come from the DeepSpeed config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset.")
+    max_steps: int | None = Field(
+        default=None, gt=0, description="Stop after this many optimizer steps, even mid-epoch."
+    )
+    max_seq_length: int = Field(
+        default=512, ge=8, le=131_072, description="Tokens per sample; longer samples are truncated."
+    )
+    checkpoint_every_steps: int | None = Field(
+        default=None, gt=0, description="Save a DeepSpeed checkpoint every N steps (and always at the end)."
+    )
+    log_every_steps: int = Field(default=1, ge=1, description="Report metrics every N optimizer steps.")
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Seeds data order and initialisation.")
+
+
+class JobCreate(BaseModel):
+    """Body of ``POST /jobs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        min_length=1,
+        max_length=1000,
+        description="A hub id like 'EleutherAI/gpt-neo-2.7B', or an absolute path to a local model directory.",
+    )
+    dataset: str = Field(min_length=1, max_length=4000, description="An absolute path (or file:// URI) to JSONL.")
+    deepspeed_config: dict[str, Any] = Field(
+        description="A DeepSpeed config, exactly as deepspeed.initialize takes it."
+    )
+    num_gpus: int = Field(
+        default=1, ge=1, le=1024, description="Ranks to launch: GPUs, or CPU processes on a host without GPUs."
+    )
+    name: str | None = Field(default=None, max_length=200)
+    training: TrainingOptions = Field(default_factory=TrainingOptions)
+
+
+class TrainingSpec(BaseModel):
+    """What ``worker.train`` reads from ``spec.json``: the job, resolved, plus where to write."""
+
+    job_id: uuid.UUID
+    model: str
+    dataset: str
+    deepspeed_config: dict[str, Any]
+    num_gpus: int
+    training: TrainingOptions
+    run_dir: str

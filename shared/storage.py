@@ -1,0 +1,125 @@
+"""Where a run's files live. One layout, used by the worker that writes and the API that reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from shared.settings import Settings
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """``$TUNEQ_HOME/runs/<job id>/`` and everything in it."""
+
+    root: Path
+
+    @classmethod
+    def for_job(cls, settings: Settings, job_id: uuid.UUID | str) -> RunLayout:
+        return cls(settings.runs_dir / str(job_id))
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def events(self) -> Path:
+        """JSON Lines that rank 0 appends and the worker tails."""
+        return self.root / "events.jsonl"
+
+    @property
+    def log(self) -> Path:
+        """Everything the launcher and the ranks print."""
+        return self.root / "train.log"
+
+    @property
+    def errors_dir(self) -> Path:
+        """One JSON file per rank that failed, with the exception that ended it."""
+        return self.root / "errors"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    def checkpoint_tag(self, step: int) -> str:
+        return f"step-{step:08d}"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def tail_lines(path: Path, n: int, *, block: int = 64 * 1024) -> list[str]:
+    """The last ``n`` lines of a text file, reading backwards so big logs cost little."""
+    if n <= 0 or not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        data = b""
+        while end > 0 and data.count(b"\n") <= n:
+            start = max(0, end - block)
+            f.seek(start)
+            data = f.read(end - start) + data
+            end = start
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[-n:]
+
+
+class CheckpointManifest(BaseModel):
+    """Written atomically into a checkpoint directory after every rank's save returned.
+
+    A checkpoint directory without a manifest is incomplete (a save that was interrupted)
+    and is never listed or resumed from.
+    """
+
+    step: int
+    tag: str
+    kind: str
+    world_size: int
+    zero_stage: int | None = None
+    files: dict[str, int]
+    bytes: int
+    created_at: str
+
+    FILENAME: ClassVar[str] = "tuneq-manifest.json"
+
+    @classmethod
+    def describe(cls, directory: Path, **fields: Any) -> CheckpointManifest:
+        files = {
+            str(p.relative_to(directory)): p.stat().st_size
+            for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != cls.FILENAME
+        }
+        return cls(files=files, bytes=sum(files.values()), **fields)
+
+    def write(self, directory: Path) -> None:
+        write_json_atomic(directory / self.FILENAME, self.model_dump())
+
+    @classmethod
+    def read(cls, directory: Path) -> CheckpointManifest | None:
+        path = directory / cls.FILENAME
+        if not path.is_file():
+            return None
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))

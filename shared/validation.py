@@ -1,0 +1,134 @@
+"""Submit-time checks that need the filesystem, DeepSpeed's parser or the deployment's hardware.
+
+Each problem names the field (as FastAPI's 422 ``loc`` does) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from shared.dataset import DatasetError, read_text_records
+from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
+from shared.settings import Settings
+from shared.spec import JobCreate
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+FP16_NEEDS_CUDA = (
+    "fp16 needs a CUDA GPU, and the workers of this deployment have none: set "
+    "deepspeed_config.fp16.enabled to false (bf16 works on CPUs), or run on a GPU worker"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    loc: tuple[str | int, ...]
+    message: str
+
+
+class JobValidationError(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.message}" for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the live workers of a deployment offer. ``cuda`` is None when no worker is known."""
+
+    cuda: bool | None = None
+    max_devices: int | None = None
+
+
+def is_local_reference(value: str) -> bool:
+    """Absolute paths, ``~`` paths and ``file://`` URIs are local; anything else is a hub id or URI."""
+    return value.startswith(("/", "~", "file://")) or value.startswith(("./", "../"))
+
+
+def local_path(value: str) -> Path:
+    if value.startswith("file://"):
+        value = urlparse(value).path
+    return Path(os.path.expanduser(value))
+
+
+def resolve_in_allowed_roots(value: str, settings: Settings, *, what: str) -> Path:
+    """Resolve symlinks and ``..`` first, then require the result inside an allowed root."""
+    path = local_path(value)
+    if not path.is_absolute():
+        raise ValueError(f"{what} path must be absolute, got '{value}'")
+    resolved = path.resolve()
+    roots = settings.allowed_root_paths
+    if not any(resolved.is_relative_to(root) for root in roots):
+        shown = os.pathsep.join(str(r) for r in roots)
+        raise ValueError(
+            f"{what} '{value}' is outside the allowed roots ({shown}): move it there, or add its "
+            "directory to TUNEQ_ALLOWED_ROOTS"
+        )
+    return resolved
+
+
+def check_model(value: str, settings: Settings) -> None:
+    if not is_local_reference(value):
+        if not HUB_ID.match(value):
+            raise ValueError(
+                f"'{value}' is neither a hub id like 'EleutherAI/gpt-neo-125m' nor an absolute path "
+                "to a local model directory"
+            )
+        return
+    path = resolve_in_allowed_roots(value, settings, what="model")
+    if not path.is_dir():
+        raise ValueError(f"model directory '{value}' does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory '{value}' has no config.json: save the model with save_pretrained")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(
+            f"model directory '{value}' has no .safetensors weights: tuneq loads safetensors only "
+            "(save with save_pretrained(..., safe_serialization=True))"
+        )
+
+
+def check_dataset(value: str, settings: Settings) -> Path:
+    scheme = urlparse(value).scheme if "://" in value else ""
+    if scheme and scheme != "file":
+        raise ValueError(
+            f"dataset URIs with '{scheme}://' are not supported yet: give an absolute path "
+            "(or file:// URI) to a JSON Lines file inside the allowed roots"
+        )
+    path = resolve_in_allowed_roots(value, settings, what="dataset")
+    if not path.is_file():
+        raise ValueError(f"dataset file '{value}' does not exist")
+    return path
+
+
+def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware) -> None:
+    """Raise JobValidationError with every problem found, or return when the job can run."""
+    problems: list[Problem] = []
+    try:
+        check_model(job_in.model, settings)
+    except ValueError as e:
+        problems.append(Problem(("body", "model"), str(e)))
+    try:
+        read_text_records(check_dataset(job_in.dataset, settings))
+    except DatasetError as e:
+        problems.append(Problem(("body", "dataset"), f'{e}: each line must be a JSON object with a "text" string'))
+    except ValueError as e:
+        problems.append(Problem(("body", "dataset"), str(e)))
+    try:
+        resolve_deepspeed_config(job_in.deepspeed_config, world_size=job_in.num_gpus)
+    except DeepSpeedConfigError as e:
+        problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
+    if wants_fp16(job_in.deepspeed_config) and hardware.cuda is False:
+        problems.append(Problem(("body", "deepspeed_config", "fp16", "enabled"), FP16_NEEDS_CUDA))
+    if hardware.max_devices is not None and job_in.num_gpus > hardware.max_devices:
+        problems.append(
+            Problem(
+                ("body", "num_gpus"),
+                f"no worker has {job_in.num_gpus} devices (the largest has {hardware.max_devices}): "
+                f"ask for at most {hardware.max_devices}",
+            )
+        )
+    if problems:
+        raise JobValidationError(problems)

@@ -1,0 +1,152 @@
+"""The HTTP contract, in process, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from shared.db import get_engine
+from shared.models import Job, JobStatus, Worker, utcnow
+from shared.samples import seed_config
+from shared.storage import RunLayout
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    from api.main import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+@pytest.fixture
+def model_dir(tuneq_home: Path) -> Path:
+    path = tuneq_home / "data" / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"x")
+    return path
+
+
+@pytest.fixture
+def dataset(tuneq_home: Path) -> Path:
+    path = tuneq_home / "data" / "train.jsonl"
+    path.write_text('{"text": "hello world"}\n')
+    return path
+
+
+@pytest.fixture
+def body(model_dir: Path, dataset: Path) -> dict[str, Any]:
+    return {"model": str(model_dir), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
+
+
+def job_count() -> int:
+    with Session(get_engine()) as session:
+        return len(session.exec(select(Job)).all())
+
+
+def test_submit_returns_the_queued_job(client: TestClient, body: dict[str, Any]) -> None:
+    response = client.post("/jobs", json={**body, "name": "first", "training": {"max_steps": 5}})
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["status"] == "queued" and job["name"] == "first"
+    assert job["training"]["max_steps"] == 5 and job["training"]["epochs"] == 1
+    assert job["deepspeed_config"] == body["deepspeed_config"]
+    assert job["num_gpus"] == 1 and job["step"] == 0 and job["error"] is None
+    assert job["created_at"].endswith(("Z", "+00:00"))  # UTC, with its zone
+    assert client.get(f"/jobs/{job['id']}").json() == job
+
+
+def test_invalid_submit_is_422_naming_the_field_and_creates_no_row(client: TestClient, body: dict[str, Any]) -> None:
+    response = client.post(
+        "/jobs", json={**body, "deepspeed_config": {**body["deepspeed_config"], "zero_optimizaton": {}}}
+    )
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["body", "deepspeed_config", "zero_optimizaton"]
+    assert "did you mean 'zero_optimization'" in detail[0]["msg"]
+    assert job_count() == 0
+
+
+def test_unknown_body_field_is_refused(client: TestClient, body: dict[str, Any]) -> None:
+    response = client.post("/jobs", json={**body, "gpus": 2})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "gpus"]
+    assert job_count() == 0
+
+
+def test_fp16_is_refused_when_every_live_worker_is_cpu_only(client: TestClient, body: dict[str, Any]) -> None:
+    with Session(get_engine()) as session:
+        session.add(Worker(id="w1", hostname="h", accelerator="cpu", device_count=2))
+        session.add(
+            Worker(
+                id="old", hostname="h", accelerator="cuda", device_count=8, last_seen_at=utcnow() - timedelta(days=1)
+            )
+        )
+        session.commit()
+    response = client.post("/jobs", json={**body, "deepspeed_config": seed_config(fp16=True)})
+    assert response.status_code == 422
+    assert "fp16 needs a CUDA GPU" in response.json()["detail"][0]["msg"]
+    assert client.post("/jobs", json=body).status_code == 201
+
+
+def test_list_is_newest_first_filtered_and_paginated(client: TestClient, body: dict[str, Any]) -> None:
+    ids = [client.post("/jobs", json={**body, "name": f"j{i}"}).json()["id"] for i in range(3)]
+    with Session(get_engine()) as session:
+        job = session.get(Job, uuid.UUID(ids[0]))
+        assert job is not None
+        job.status = JobStatus.failed
+        session.add(job)
+        session.commit()
+    listed = client.get("/jobs").json()
+    assert [j["id"] for j in listed["data"]] == ids[::-1] and listed["count"] == 3
+    page = client.get("/jobs", params={"skip": 1, "limit": 1}).json()
+    assert [j["id"] for j in page["data"]] == [ids[1]] and page["count"] == 3
+    failed = client.get("/jobs", params={"status": "failed"}).json()
+    assert [j["id"] for j in failed["data"]] == [ids[0]] and failed["count"] == 1
+    assert client.get("/jobs", params={"status": "bogus"}).status_code == 422
+
+
+def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
+    missing = uuid.uuid4()
+    for path in ("", "/metrics", "/checkpoints", "/logs"):
+        assert client.get(f"/jobs/{missing}{path}").status_code == 404
+    assert client.get("/jobs/not-a-uuid").status_code == 422
+
+
+def test_metrics_checkpoints_and_logs_of_a_new_job(client: TestClient, body: dict[str, Any], tuneq_home: Path) -> None:
+    from shared.settings import get_settings
+
+    job_id = client.post("/jobs", json=body).json()["id"]
+    assert client.get(f"/jobs/{job_id}/metrics").json() == {"data": []}
+    assert client.get(f"/jobs/{job_id}/checkpoints").json() == {"data": []}
+    assert client.get(f"/jobs/{job_id}/logs").json() == {"lines": []}
+    layout = RunLayout.for_job(get_settings(), job_id)
+    layout.root.mkdir(parents=True)
+    layout.log.write_text("".join(f"line {i}\n" for i in range(10)))
+    assert client.get(f"/jobs/{job_id}/logs", params={"tail": 2}).json() == {"lines": ["line 8", "line 9"]}
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readiness_fails_when_the_broker_is_down(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared import queue
+
+    monkeypatch.setenv("TUNEQ_BROKER_URL", "redis://127.0.0.1:1/0")
+    queue.get_celery.cache_clear()
+    from shared.settings import get_settings
+
+    get_settings.cache_clear()
+    response = client.get("/readyz")
+    assert response.status_code == 503 and response.json()["checks"]["broker"] == "unreachable"

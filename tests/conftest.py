@@ -1,0 +1,111 @@
+"""Fixtures shared by every test: a fresh TUNEQ_HOME, real databases, a tiny local model.
+
+Tests that need Postgres or Redis skip when those are down, except under
+``TUNEQ_REQUIRE_SERVICES=1`` (set by .ci/run), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from shared.samples import build_tiny_model, write_text_dataset
+from tests.services import fresh_postgres_schema
+
+POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def require_service(name: str, reason: str) -> None:
+    if os.environ.get("TUNEQ_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{name} is required (TUNEQ_REQUIRE_SERVICES=1) but unavailable: {reason}")
+    pytest.skip(f"{name} unavailable: {reason}")
+
+
+def clear_caches() -> None:
+    from shared.db import get_engine
+    from shared.queue import get_celery
+    from shared.settings import get_settings
+
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_celery.cache_clear()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def tuneq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    monkeypatch.setenv("TUNEQ_HOME", str(home))
+    for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL", "TUNEQ_ALLOWED_ROOTS"):
+        monkeypatch.delenv(var, raising=False)
+    clear_caches()
+    yield home
+    clear_caches()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(POSTGRES_URL)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as e:
+        require_service("PostgreSQL", f"{make_url(POSTGRES_URL).render_as_string()}: {e}")
+    return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as e:
+        require_service("Redis", f"{REDIS_URL}: {e}")
+    return REDIS_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tuneq_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test that takes this runs on the embedded SQLite and on a real Postgres."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tuneq_home / 'tuneq.sqlite'}"
+    else:
+        url = fresh_postgres_schema(request.getfixturevalue("postgres_url"))
+    monkeypatch.setenv("TUNEQ_DATABASE_URL", url)
+    clear_caches()
+    from shared.db import init_db
+
+    init_db()
+    return url
+
+
+@pytest.fixture(scope="session")
+def tiny_model_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-gpt-neo")
+
+
+@pytest.fixture
+def tiny_model(tuneq_home: Path, tiny_model_template: Path) -> Path:
+    """The tiny model, copied inside this test's allowed root."""
+    import shutil
+
+    target = tuneq_home / "data" / "tiny-gpt-neo"
+    shutil.copytree(tiny_model_template, target)
+    return target
+
+
+@pytest.fixture
+def text_dataset(tuneq_home: Path) -> Path:
+    return write_text_dataset(tuneq_home / "data" / "train.jsonl", records=64)

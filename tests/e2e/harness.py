@@ -1,0 +1,139 @@
+"""Starting real ``tuneq`` processes for end-to-end tests, and talking to them over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Tuneq:
+    """``tuneq dev``, or ``tuneq serve`` plus ``tuneq worker``, as child processes."""
+
+    def __init__(self, *, home: Path, env: dict[str, str] | None = None, split: bool = False) -> None:
+        self.home = home
+        self.port = free_port()
+        self.env = {**os.environ, "TUNEQ_HOME": str(home), **(env or {})}
+        for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):
+            if env is None or var not in env:
+                self.env.pop(var, None)
+        self.split = split
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.log = home / "tuneq-processes.log"
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+
+    def _spawn(self, *args: str) -> None:
+        home_log = self.log.open("ab")
+        self.processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "shared.cli", *args],
+                env=self.env,
+                stdout=home_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
+    def start(self, *, timeout: float = 120) -> Tuneq:
+        self.home.mkdir(parents=True, exist_ok=True)
+        if self.split:
+            self._spawn("serve", "--port", str(self.port))
+            self._spawn("worker")
+        else:
+            self._spawn("dev", "--port", str(self.port))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"tuneq not ready; see {self.log}")
+
+    def _check_alive(self) -> None:
+        for p in self.processes:
+            if p.poll() is not None:
+                raise RuntimeError(f"tuneq process exited with {p.returncode}:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+    def descendants(self) -> list[psutil.Process]:
+        found: list[psutil.Process] = []
+        for p in self.processes:
+            try:
+                parent = psutil.Process(p.pid)
+                found += [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.post("/jobs", json=body)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.client.get(f"/jobs/{job_id}").raise_for_status().json())
+
+    def wait(self, job_id: str, *, timeout: float = 600, until: set[str] = TERMINAL) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["status"] in until:
+                return job
+            self._check_alive()
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} still {self.job(job_id)['status']}:\n{self.log_tail()}")
+
+    def get(self, path: str) -> Any:
+        return self.client.get(path).raise_for_status().json()
+
+    def stop(self, *, timeout: float = 60) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.client.close()
+
+
+def wait_gone(processes: list[psutil.Process], *, timeout: float) -> list[psutil.Process]:
+    """The processes still running (not zombies) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = processes
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if _running(p)]
+        if not alive:
+            return []
+        time.sleep(0.5)
+    return alive
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

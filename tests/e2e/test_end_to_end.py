@@ -1,0 +1,193 @@
+"""The product as a user meets it: real ``tuneq`` processes, HTTP, Celery, DeepSpeed ranks.
+
+Nothing is mocked. Each module-scoped service runs several jobs, one after another, the way
+a worker would.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from tests.services import fresh_postgres_schema
+
+from .harness import Tuneq, wait_gone
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("e2e") / "home"
+    data = home / "data"
+    build_tiny_model(data / "tiny-gpt-neo")
+    write_text_dataset(data / "varied.jsonl", records=96)
+    write_text_dataset(data / "repeated.jsonl", records=48, vary=False)
+    return home
+
+
+@pytest.fixture(scope="module")
+def embedded(home: Path) -> Iterator[Tuneq]:
+    service = Tuneq(home=home).start()
+    yield service
+    service.stop()
+
+
+def body(home: Path, **overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "model": str(home / "data" / "tiny-gpt-neo"),
+        "dataset": str(home / "data" / "varied.jsonl"),
+        "deepspeed_config": seed_config(fp16=False),
+        "training": {"max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 5},
+    }
+    fields.update(overrides)
+    return fields
+
+
+def check_succeeded(service: Tuneq, job: dict[str, Any], *, steps: int) -> list[dict[str, Any]]:
+    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
+    assert job["step"] == steps and job["total_steps"] == steps
+    assert job["started_at"] and job["finished_at"] and job["error"] is None
+    metrics: list[dict[str, Any]] = service.get(f"/jobs/{job['id']}/metrics")["data"]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # ordered, each step once
+    for m in metrics:
+        assert m["loss"] is not None and m["learning_rate"] is not None and m["tokens_per_second"] > 0
+        assert m["time"].endswith(("Z", "+00:00"))
+    assert job["latest_metrics"]["step"] == steps
+    return metrics
+
+
+def check_exported_model(service: Tuneq, job: dict[str, Any], original: Path) -> None:
+    """The export loads with transformers, holds every full weight, and training changed them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    checkpoints = service.get(f"/jobs/{job['id']}/checkpoints")["data"]
+    model_ckpt = [c for c in checkpoints if c["kind"] == "model"]
+    assert len(model_ckpt) == 1 and model_ckpt[0]["bytes"] > 0
+    exported = AutoModelForCausalLM.from_pretrained(model_ckpt[0]["uri"], use_safetensors=True)
+    AutoTokenizer.from_pretrained(model_ckpt[0]["uri"])
+    before = AutoModelForCausalLM.from_pretrained(original, use_safetensors=True).state_dict()
+    after = exported.state_dict()
+    assert before.keys() == after.keys()
+    changed = 0
+    for name, tensor in before.items():
+        assert after[name].shape == tensor.shape, name  # no ZeRO-3 placeholders
+        changed += int(not torch.equal(after[name].float(), tensor.float()))
+    assert changed > len(before) // 2, f"only {changed} of {len(before)} tensors changed"
+
+
+def test_seed_config_as_given_with_fp16_off(embedded: Tuneq, home: Path) -> None:
+    """ZeRO-2, CPU optimizer offload, Adam at 3e-5: the core issue's config, fp16 off."""
+    job = embedded.submit(body(home, dataset=str(home / "data" / "repeated.jsonl"), name="seed"))
+    job = embedded.wait(job["id"])
+    metrics = check_succeeded(embedded, job, steps=12)
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    checkpoints = embedded.get(f"/jobs/{job['id']}/checkpoints")["data"]
+    assert [(c["step"], c["kind"]) for c in checkpoints] == [
+        (5, "deepspeed"),
+        (10, "deepspeed"),
+        (12, "deepspeed"),
+        (12, "model"),
+    ]
+    for c in checkpoints:
+        assert Path(c["uri"], "tuneq-manifest.json").is_file() and c["bytes"] > 0
+    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
+    logs = embedded.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]
+    assert len(logs) == 5
+    assert any("exits successfully" in line for line in logs)  # DeepSpeed's launcher, at the end
+
+
+@pytest.mark.parametrize(
+    ("stage", "ranks", "offload"),
+    [(0, 1, False), (2, 2, False), (2, 2, True), (3, 2, False), (3, 1, True)],
+    ids=["zero0-1rank", "zero2-2ranks", "zero2-offload-2ranks", "zero3-2ranks", "zero3-offload-1rank"],
+)
+def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ranks: int, offload: bool) -> None:
+    config = seed_config(fp16=False, train_batch_size=2 * ranks, zero_stage=stage, lr=2e-3)
+    zero: dict[str, Any] = config["zero_optimization"]  # type: ignore[assignment]
+    if not offload:
+        del zero["offload_optimizer"]
+    elif stage == 3:
+        zero["offload_param"] = {"device": "cpu"}
+    steps = 16
+    job = embedded.submit(
+        body(
+            home,
+            deepspeed_config=config,
+            num_gpus=ranks,
+            training={"max_steps": steps, "max_seq_length": 64, "log_every_steps": 1, "seed": 7},
+        )
+    )
+    job = embedded.wait(job["id"])
+    metrics = check_succeeded(embedded, job, steps=steps)
+    first, last = metrics[:4], metrics[-4:]
+    assert sum(m["loss"] for m in last) < sum(m["loss"] for m in first), [m["loss"] for m in metrics]
+    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
+
+
+def test_a_run_time_input_error_fails_the_job_with_a_plain_message(embedded: Tuneq, home: Path) -> None:
+    job = embedded.submit(body(home, training={"max_steps": 3, "max_seq_length": 4096}))
+    job = embedded.wait(job["id"], timeout=300)
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "invalid_input"
+    assert "max_seq_length 4096 exceeds the model's 256 positions" in job["error"]["message"]
+    assert "Traceback" not in job["error"]["message"]
+
+
+def test_fp16_is_refused_at_submit_once_the_cpu_worker_is_known(embedded: Tuneq, home: Path) -> None:
+    response = embedded.client.post("/jobs", json=body(home, deepspeed_config=seed_config(fp16=True)))
+    assert response.status_code == 422
+    assert "fp16 needs a CUDA GPU" in response.json()["detail"][0]["msg"]
+
+
+def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Path) -> None:
+    service = Tuneq(home=tmp_path / "home", env={"TUNEQ_ALLOWED_ROOTS": str(home / "data")}).start()
+    job = service.submit(body(home, training={"max_steps": 100_000, "epochs": 1000, "max_seq_length": 64}))
+    deadline = time.monotonic() + 180
+    while service.job(job["id"])["step"] < 2:
+        assert time.monotonic() < deadline, service.log_tail()
+        time.sleep(0.5)
+    tree = service.descendants()
+    assert any("worker.train" in " ".join(p.cmdline()) for p in tree), "no rank among the service's processes"
+    dev = service.processes[0]
+    dev.send_signal(signal.SIGTERM)
+    dev.wait(timeout=60)
+    assert wait_gone(tree, timeout=30) == []
+    service.client.close()
+
+
+def test_postgres_and_redis_with_separate_api_and_worker(
+    tmp_path: Path, home: Path, postgres_url: str, redis_url: str
+) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {
+        "TUNEQ_DATABASE_URL": fresh_postgres_schema(postgres_url),
+        "TUNEQ_BROKER_URL": redis_url,
+        "TUNEQ_ALLOWED_ROOTS": str(home / "data"),
+    }
+    service = Tuneq(home=tmp_path / "home", env=env, split=True).start()
+    try:
+        job = service.submit(
+            body(
+                home,
+                num_gpus=2,
+                deepspeed_config=seed_config(fp16=False, train_batch_size=2),
+                training={"max_steps": 8, "max_seq_length": 64, "checkpoint_every_steps": 4},
+            )
+        )
+        job = service.wait(job["id"])
+        check_succeeded(service, job, steps=8)
+        check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
+        listed = service.get("/jobs?status=succeeded")
+        assert [j["id"] for j in listed["data"]] == [job["id"]]
+    finally:
+        service.stop()

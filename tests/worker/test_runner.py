@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlmodel import Session
+
+from shared.db import get_engine
+from shared.models import Job, JobStatus
+from shared.samples import seed_config
+from shared.settings import get_settings
+from shared.storage import RunLayout
+from worker.launcher import HostHardware, launch_command, rank_environment
+from worker.runner import failure_from_ranks, hardware_problem, run_job
+
+
+def test_hardware_problems() -> None:
+    cpu = HostHardware("cpu", 2)
+    gpu = HostHardware("cuda", 4)
+    assert "fp16 needs a CUDA GPU" in (
+        hardware_problem(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=cpu) or ""
+    )
+    assert hardware_problem(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=gpu) is None
+    too_many = hardware_problem(num_gpus=8, deepspeed_config={}, hardware=gpu) or ""
+    assert "num_gpus is 8" in too_many and "at most 4" in too_many
+    assert hardware_problem(num_gpus=2, deepspeed_config=seed_config(fp16=False), hardware=cpu) is None
+
+
+def test_fp16_job_on_a_cpu_worker_fails_at_once_with_a_plain_message(database_url: str) -> None:
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config=seed_config(fp16=True), num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+    run_job(job.id, settings=get_settings(), hardware=HostHardware("cpu", 2), worker_id="w")
+    with Session(get_engine()) as session:
+        done = session.get(Job, job.id)
+    assert done is not None and done.status == JobStatus.failed
+    assert done.error_code == "unsupported_hardware" and "fp16 needs a CUDA GPU" in (done.error_message or "")
+
+
+def test_failure_message_comes_from_the_first_failing_rank(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    layout.errors_dir.mkdir()
+    for rank, when in ((1, "2026-01-01T00:00:02"), (0, "2026-01-01T00:00:01")):
+        error = {"rank": rank, "code": "training_error", "message": f"boom {rank}", "time": when}
+        (layout.errors_dir / f"rank-{rank}.json").write_text(json.dumps(error))
+    assert failure_from_ranks(layout) == ("training_error", "boom 0")
+
+
+def test_failure_message_falls_back_to_the_log(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    layout.log.write_text("starting\nRuntimeError: CUDA out of memory\nexiting\n")
+    code, message = failure_from_ranks(layout)
+    assert code == "training_error" and message.startswith("RuntimeError: CUDA out of memory")
+
+
+def test_launch_command_is_deepspeeds_launcher(tmp_path: Path) -> None:
+    cmd = launch_command(spec_path=tmp_path / "spec.json", num_ranks=2, master_port=29511)
+    assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
+    assert cmd[3:] == [
+        "--num_gpus",
+        "2",
+        "--master_port",
+        "29511",
+        "--module",
+        "worker.train",
+        "--spec",
+        str(tmp_path / "spec.json"),
+    ]
+
+
+def test_rank_environment_sets_the_cpu_accelerator_only_without_gpus(monkeypatch: object) -> None:
+    cpu_env = rank_environment(HostHardware("cpu", 4), num_ranks=2, worker_pid=123)
+    assert cpu_env["DS_ACCELERATOR"] == "cpu" and cpu_env["TUNEQ_WORKER_PID"] == "123"
+    gpu_env = rank_environment(HostHardware("cuda", 4), num_ranks=2, worker_pid=123)
+    assert gpu_env.get("DS_ACCELERATOR") == __import__("os").environ.get("DS_ACCELERATOR")

@@ -1,0 +1,1 @@
+"""Execution: the Celery task, the DeepSpeed launcher, the training entrypoint and ingestion."""

@@ -1,0 +1,81 @@
+"""The Celery side: the task (as thin as a view) and the worker's hardware registration.
+
+Run with ``tuneq worker`` (``celery -A worker.tasks worker``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery.signals import worker_process_init, worker_ready
+
+from shared.db import init_db, session_scope
+from shared.queue import RUN_JOB_TASK, get_celery
+from shared.settings import get_settings
+from worker.launcher import HostHardware, detect_hardware
+from worker.lifecycle import register_worker, touch_worker
+from worker.runner import run_job
+
+logger = logging.getLogger(__name__)
+
+celery_app = get_celery()
+HEARTBEAT_SECONDS = 30.0
+
+# Filled in the worker's main process before the pool forks, inherited by the children.
+_hardware: HostHardware | None = None
+_worker_id = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _heartbeat(stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_SECONDS):
+        try:
+            with session_scope() as session:
+                touch_worker(session=session, worker_id=_worker_id)
+        except Exception:
+            logger.exception("worker heartbeat failed")
+
+
+@worker_ready.connect
+def _on_worker_ready(**_kwargs: Any) -> None:
+    hardware = current_hardware()
+    with session_scope() as session:
+        register_worker(
+            session=session,
+            worker_id=_worker_id,
+            hostname=socket.gethostname(),
+            accelerator=hardware.accelerator,
+            device_count=hardware.device_count,
+        )
+    logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
+    threading.Thread(target=_heartbeat, args=(threading.Event(),), name="heartbeat", daemon=True).start()
+
+
+@worker_process_init.connect
+def _on_process_init(**_kwargs: Any) -> None:
+    # Engines hold connection pools; a forked child must not share its parent's sockets.
+    from shared.db import get_engine
+
+    get_engine().dispose(close=False)
+
+
+def current_hardware() -> HostHardware:
+    global _hardware
+    if _hardware is None:
+        _hardware = detect_hardware()
+    return _hardware
+
+
+def prepare_worker() -> None:
+    """What ``tuneq worker`` does before Celery starts: tables, directories, hardware."""
+    init_db()
+    current_hardware()
+
+
+@celery_app.task(name=RUN_JOB_TASK)
+def run_job_task(job_id: str) -> None:
+    run_job(uuid.UUID(job_id), settings=get_settings(), hardware=current_hardware(), worker_id=_worker_id)

@@ -1,0 +1,223 @@
+"""The training entrypoint: one process per rank, started by DeepSpeed's own launcher.
+
+    deepspeed --num_gpus N --master_port P --module worker.train --spec RUN_DIR/spec.json
+
+It reads like the classic DeepSpeed recipe: tokenizer and model from the job, the engine
+from the user's config, then ``engine(...)``, ``engine.backward(loss)``, ``engine.step()``.
+Rank 0 reports metrics and checkpoints as JSON lines for the worker; no rank touches SQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.events import MetricEvent, PlanEvent
+from shared.spec import TrainingSpec
+from shared.storage import RunLayout
+from worker.errors import InvalidInputError
+from worker.reporting import EventWriter, write_rank_error
+
+logger = logging.getLogger("worker.train")
+
+# Set by the worker: the ranks exit when that process is gone (see watch_worker).
+WORKER_PID_ENV = "TUNEQ_WORKER_PID"
+WATCH_INTERVAL_SECONDS = 2.0
+
+
+def watch_worker() -> None:
+    """Kill this rank's whole launcher group when the worker that started it dies.
+
+    The launcher runs in its own session so the worker can signal it as one group; the
+    price is that nothing kills it when the worker is SIGKILLed. Orphaned ranks would hold
+    the GPUs the next job needs, so every rank polls its worker and takes the group down.
+    """
+    pid = int(os.environ.get(WORKER_PID_ENV, "0"))
+    if pid <= 0:
+        return
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie (dead, not yet reaped) still answers kill(0).
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    def loop() -> None:
+        while alive():
+            time.sleep(WATCH_INTERVAL_SECONDS)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=loop, name="watch-worker", daemon=True).start()
+
+
+def train(spec: TrainingSpec, layout: RunLayout) -> None:
+    import deepspeed
+    import torch
+    from deepspeed import comm as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    from worker.checkpointing import export_model, save_checkpoint
+    from worker.data import load_text_dataset, make_loader
+
+    opts = spec.training
+    deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    events = EventWriter(layout.events, enabled=rank == 0)
+    set_seed(opts.seed)
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.model, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load its tokenizer ({e})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dataset = load_text_dataset(spec.dataset, tokenizer, max_seq_length=opts.max_seq_length)
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.model, use_safetensors=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load safetensors weights ({e})") from None
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and opts.max_seq_length > max_positions:
+        raise InvalidInputError(
+            f"training.max_seq_length {opts.max_seq_length} exceeds the model's {max_positions} positions: "
+            f"set it to {max_positions} or less"
+        )
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, config_params=spec.deepspeed_config, model_parameters=model.parameters()
+    )
+    micro_batch = engine.train_micro_batch_size_per_gpu()
+    accumulation = engine.gradient_accumulation_steps()
+    loader, sampler = make_loader(
+        dataset,
+        micro_batch=micro_batch,
+        world_size=world_size,
+        rank=rank,
+        seed=opts.seed,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    steps_per_epoch = len(loader) // accumulation
+    if steps_per_epoch == 0:
+        raise InvalidInputError(
+            f"dataset has {len(dataset)} usable records, fewer than one optimizer step needs "
+            f"(train_batch_size {engine.train_batch_size()}): add records or lower train_batch_size"
+        )
+    total_steps = steps_per_epoch * opts.epochs
+    if opts.max_steps is not None:
+        total_steps = min(total_steps, opts.max_steps)
+    events.emit(
+        PlanEvent(
+            total_steps=total_steps, steps_per_epoch=steps_per_epoch, num_samples=len(dataset), world_size=world_size
+        )
+    )
+
+    device = engine.device
+    step = 0
+    last_saved_step = -1
+    # Per-step sums across micro-batches: loss, micro-batches, real (unpadded) tokens, samples.
+    window = torch.zeros(4, dtype=torch.float64, device=device)
+    step_started = time.perf_counter()
+    engine.train()
+    for epoch in range(opts.epochs):
+        sampler.set_epoch(epoch)
+        for micro_step, batch in enumerate(loader):
+            if micro_step >= steps_per_epoch * accumulation:
+                break  # a trailing partial accumulation would never reach an optimizer step
+            batch = {k: v.to(device) for k, v in batch.items()}
+            outputs = engine(**batch)
+            engine.backward(outputs.loss)
+            engine.step()
+            window += torch.tensor(
+                [outputs.loss.item(), 1.0, float(batch["attention_mask"].sum()), float(len(batch["input_ids"]))],
+                dtype=torch.float64,
+                device=device,
+            )
+            if engine.global_steps == step:
+                continue  # still accumulating
+            step = engine.global_steps
+            if step % opts.log_every_steps == 0 or step == total_steps:
+                dist.all_reduce(window)  # every rank's loss, not rank 0's alone
+                elapsed = max(time.perf_counter() - step_started, 1e-9)
+                loss_sum, micro_batches, tokens, samples = window.tolist()
+                grad_norm = engine.get_global_grad_norm()
+                events.emit(
+                    MetricEvent(
+                        step=step,
+                        loss=loss_sum / micro_batches,
+                        learning_rate=float(engine.get_lr()[0]),
+                        grad_norm=float(grad_norm) if grad_norm is not None else None,
+                        epoch=epoch + (micro_step + 1) / (steps_per_epoch * accumulation),
+                        tokens_per_second=tokens / elapsed,
+                        samples_per_second=samples / elapsed,
+                        time=datetime.now(UTC).isoformat(),
+                    )
+                )
+                window.zero_()
+                step_started = time.perf_counter()
+            if opts.checkpoint_every_steps and step % opts.checkpoint_every_steps == 0 and step < total_steps:
+                save_checkpoint(
+                    engine, layout=layout, step=step, events=events, client_state={"step": step, "epoch": epoch}
+                )
+                last_saved_step = step
+            if step >= total_steps:
+                break
+        if step >= total_steps:
+            break
+
+    if last_saved_step != step:
+        save_checkpoint(engine, layout=layout, step=step, events=events, client_state={"step": step, "epoch": epoch})
+    export_model(engine, tokenizer, layout=layout, step=step, events=events)
+    events.close()
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--local_rank", type=int, default=0, help="set by DeepSpeed's launcher")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank%(rank)s %(levelname)s %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    old_factory = logging.getLogRecordFactory()
+
+    def record_factory(*a: Any, **k: Any) -> logging.LogRecord:
+        record = old_factory(*a, **k)
+        record.rank = rank
+        return record
+
+    logging.setLogRecordFactory(record_factory)
+    watch_worker()
+    spec = TrainingSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
+    layout = RunLayout(Path(spec.run_dir))
+    try:
+        train(spec, layout)
+    except InvalidInputError as e:
+        logger.error("invalid input: %s", e)
+        write_rank_error(layout, rank=rank, code="invalid_input", message=str(e))
+        sys.exit(1)
+    except Exception as e:
+        traceback.print_exc()
+        write_rank_error(layout, rank=rank, code="training_error", message=f"{type(e).__name__}: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
