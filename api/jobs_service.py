@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from datetime import timedelta
 
 from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shared.models import Checkpoint, Job, JobMetric, JobStatus, Worker, utcnow
+from shared.job_events import list_events
+from shared.lifecycle import mark_published, record_event, request_cancel
+from shared.models import Checkpoint, EventType, Job, JobEvent, JobMetric, JobStatus, Worker, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
 from shared.spec import JobCreate
@@ -31,8 +36,36 @@ def deployment_hardware(*, session: Session, settings: Settings) -> Hardware:
     )
 
 
-def create_job(*, session: Session, job_in: JobCreate, settings: Settings) -> Job:
-    """Validate, store and enqueue. Raises JobValidationError; creates no row then."""
+class IdempotencyConflictError(Exception):
+    """The Idempotency-Key was used before with a different body."""
+
+
+def request_fingerprint(job_in: JobCreate) -> str:
+    canonical = json.dumps(job_in.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _job_for_key(session: Session, key: str, fingerprint: str) -> Job | None:
+    job = session.exec(select(Job).where(Job.idempotency_key == key)).first()
+    if job is not None and job.request_fingerprint != fingerprint:
+        raise IdempotencyConflictError(
+            f"Idempotency-Key '{key}' was already used for job {job.id} with a different body: "
+            "use a new key for a new job"
+        )
+    return job
+
+
+def create_job(
+    *, session: Session, job_in: JobCreate, settings: Settings, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Validate, store and enqueue; ``(job, created)``.
+
+    Raises JobValidationError (no row is created) or IdempotencyConflictError. The same key
+    and body return the job created the first time.
+    """
+    fingerprint = request_fingerprint(job_in)
+    if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint)):
+        return existing, False
     validate_job_request(job_in, settings=settings, hardware=deployment_hardware(session=session, settings=settings))
     job = Job(
         name=job_in.name,
@@ -41,16 +74,37 @@ def create_job(*, session: Session, job_in: JobCreate, settings: Settings) -> Jo
         deepspeed_config=job_in.deepspeed_config,
         num_gpus=job_in.num_gpus,
         training=job_in.training.model_dump(),
+        max_restarts=job_in.max_restarts,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint,
     )
     session.add(job)
-    session.commit()
+    record_event(session, job_id=job.id, type=EventType.status, data={"status": JobStatus.queued.value})
+    try:
+        session.commit()
+    except IntegrityError:
+        # Two requests with one key raced; the other one created the job.
+        session.rollback()
+        if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint)):
+            return existing, False
+        raise
     session.refresh(job)
     try:
         enqueue_job(job.id)
-    except Exception:
-        # The row is the source of truth; a job whose message was lost stays queued.
-        logger.exception("could not publish job %s to the broker; it stays queued", job.id)
-    return job
+        mark_published(session=session, job_id=job.id)
+    except Exception as e:
+        # The row is the source of truth: the reconciler publishes it once the broker is back.
+        logger.warning("could not publish job %s (broker: %s); it stays queued until the broker is back", job.id, e)
+    return job, True
+
+
+def cancel_job(*, session: Session, job_id: uuid.UUID) -> Job:
+    """Raises JobFinishedError for a job that already succeeded or failed."""
+    return request_cancel(session=session, job_id=job_id)
+
+
+def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) -> list[JobEvent]:
+    return list_events(session=session, job_id=job_id, after=after, limit=limit)
 
 
 def get_job(*, session: Session, job_id: uuid.UUID) -> Job | None:

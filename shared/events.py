@@ -30,6 +30,7 @@ class MetricEvent(BaseModel):
     epoch: float | None = None
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
+    tokens_seen: int = 0  # real (unpadded) tokens trained on so far, across ranks and attempts
     time: str  # ISO 8601, UTC, the moment the step finished
 
 

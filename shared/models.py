@@ -23,6 +23,7 @@ def _timestamp(*, nullable: bool = True, index: bool = False) -> Any:
 class JobStatus(StrEnum):
     queued = "queued"
     running = "running"
+    cancelling = "cancelling"  # cancel asked while running; the worker is stopping the ranks
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -38,7 +39,9 @@ class ErrorCode(StrEnum):
     invalid_input = "invalid_input"  # the job's data or config is wrong: fix the job
     unsupported_hardware = "unsupported_hardware"  # the job asks for what this worker cannot give
     training_error = "training_error"  # the training processes crashed
-    worker_lost = "worker_lost"  # the worker stopped or died while the job ran
+    worker_lost = "worker_lost"  # the worker stopped or died while the job ran (retried)
+    timeout = "timeout"  # training.max_duration_seconds ran out
+    cancelled = "cancelled"  # a user cancelled the job
     internal_error = "internal_error"  # tuneq itself failed
 
 
@@ -61,10 +64,44 @@ class Job(SQLModel, table=True):
     step: int = 0
     total_steps: int | None = None
     latest_metrics: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    epoch: float | None = None
+    tokens_seen: int = 0
+    eta_seconds: float | None = None
     error_code: str | None = None
     error_message: str | None = None
+    # Who runs it: the database decides, not the broker (see ARCHITECTURE.md, "Leases").
     worker_id: str | None = None
+    lease_expires_at: datetime | None = _timestamp(index=True)
+    enqueued_at: datetime | None = _timestamp()
     attempts: int = 0
+    max_restarts: int = 2
+    # How far the worker has ingested the current attempt's events file and the training log,
+    # committed with the rows they produced: a resumed attempt picks up exactly there.
+    events_offset: int = 0
+    log_offset: int = 0
+    idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
+    request_fingerprint: str | None = None
+
+
+class EventType(StrEnum):
+    status = "status"
+    metric = "metric"
+    checkpoint = "checkpoint"
+    resumed = "resumed"
+    warning = "warning"
+    log = "log"
+
+
+class JobEvent(SQLModel, table=True):
+    """Everything that happened to a job, in order. ``id`` is the stream cursor."""
+
+    __tablename__ = "job_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    type: EventType
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
 class JobMetric(SQLModel, table=True):
@@ -114,6 +151,9 @@ class Worker(SQLModel, table=True):
     hostname: str
     accelerator: str  # "cuda" or "cpu"
     device_count: int
+    # Set while the worker runs no job: a queued job waiting longer than an idle worker has
+    # been idle was lost by the broker (the reconciler publishes it again).
+    idle_since: datetime | None = _timestamp()
     started_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
     last_seen_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
@@ -150,9 +190,13 @@ class JobPublic(SQLModel):
     finished_at: UTCDateTime | None
     step: int
     total_steps: int | None
+    epoch: float | None
+    tokens_seen: int
+    eta_seconds: float | None
     latest_metrics: dict[str, Any] | None
     error: JobError | None
     attempts: int
+    max_restarts: int
 
     @classmethod
     def from_job(cls, job: Job) -> JobPublic:
@@ -194,3 +238,15 @@ class CheckpointsPublic(SQLModel):
 
 class LogsPublic(SQLModel):
     lines: list[str]
+
+
+class EventPublic(SQLModel):
+    id: int
+    type: EventType
+    data: dict[str, Any]
+    created_at: UTCDateTime
+
+
+class EventsPublic(SQLModel):
+    data: list[EventPublic]
+    next_cursor: int | None

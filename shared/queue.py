@@ -20,6 +20,17 @@ logger = logging.getLogger(__name__)
 RUN_JOB_TASK = "tuneq.run_job"
 
 
+def redis_transport_options(settings: Settings) -> dict[str, float]:
+    """Hours-long tasks: Redis must not redeliver while a task still runs, so the visibility
+    timeout is long. kombu scans for overdue messages about every 100 s (every 10th call of
+    a 10 s timer); a short timeout gets a scan cadence to match, so it means what it says."""
+    timeout = settings.redis_visibility_timeout_seconds
+    options: dict[str, float] = {"visibility_timeout": timeout}
+    if timeout < 120:
+        options.update(unacked_restore_interval=max(1.0, timeout / 2), unacked_restore_throttle=1)
+    return options
+
+
 def make_celery(settings: Settings) -> Celery:
     app = Celery("tuneq", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
@@ -37,8 +48,9 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=False,
         broker_connection_retry_on_startup=True,
+        broker_connection_timeout=3,
         # Hours-long tasks: Redis must not redeliver while the task still runs.
-        broker_transport_options={"visibility_timeout": 7 * 24 * 3600}
+        broker_transport_options=redis_transport_options(settings)
         if settings.broker_url.startswith(("redis://", "rediss://"))
         else {},
         worker_hijack_root_logger=False,
@@ -52,8 +64,15 @@ def get_celery() -> Celery:
     return make_celery(get_settings())
 
 
+# Publishing must not hold a submit for long when the broker is down: the job row is already
+# committed and the reconciler publishes it once the broker is back.
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+
+
 def enqueue_job(job_id: uuid.UUID) -> None:
-    get_celery().send_task(RUN_JOB_TASK, args=[str(job_id)], queue=get_settings().queue)
+    get_celery().send_task(
+        RUN_JOB_TASK, args=[str(job_id)], queue=get_settings().queue, retry=True, retry_policy=PUBLISH_RETRY
+    )
 
 
 def broker_reachable(timeout: float = 3.0) -> bool:

@@ -28,6 +28,17 @@ class Settings(BaseSettings):
     max_log_tail: int = 10_000
     # The queue jobs go to; later, one queue per worker size.
     queue: str = "tuneq"
+    # A running job's lease; a worker renews it every third of this. Expired: the worker is lost.
+    lease_ttl_seconds: float = 60.0
+    # After SIGTERM to a cancelled job's ranks, how long rank 0 may take to finish its step.
+    cancel_grace_seconds: float = 30.0
+    # How often each worker's reconciler looks for lost jobs and unpublished queued ones.
+    reconcile_seconds: float = 10.0
+    # A queued job nobody claimed for this long is published again (the broker may have lost it).
+    republish_after_seconds: float = 60.0
+    # Redis redelivers a message not acked within this; jobs run for hours, and a redelivery
+    # of a claimed job is a no-op anyway, so the default is long.
+    redis_visibility_timeout_seconds: int = 7 * 24 * 3600
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

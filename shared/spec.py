@@ -29,6 +29,9 @@ class TrainingOptions(BaseModel):
     )
     log_every_steps: int = Field(default=1, ge=1, description="Report metrics every N optimizer steps.")
     seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Seeds data order and initialisation.")
+    max_duration_seconds: int | None = Field(
+        default=None, gt=0, description="Fail the job with 'timeout' once one attempt has run this long."
+    )
 
 
 class JobCreate(BaseModel):
@@ -50,12 +53,25 @@ class JobCreate(BaseModel):
     )
     name: str | None = Field(default=None, max_length=200)
     training: TrainingOptions = Field(default_factory=TrainingOptions)
+    max_restarts: int = Field(
+        default=2, ge=0, le=20, description="Times a job is requeued after its worker is lost, before it fails."
+    )
+
+
+class ResumePoint(BaseModel):
+    """A complete DeepSpeed checkpoint to continue from."""
+
+    checkpoints_dir: str
+    tag: str
+    step: int
 
 
 class TrainingSpec(BaseModel):
     """What ``worker.train`` reads from ``spec.json``: the job, resolved, plus where to write."""
 
     job_id: uuid.UUID
+    attempt: int = 1
+    resume_from: ResumePoint | None = None
     model: str
     dataset: str
     deepspeed_config: dict[str, Any]

@@ -28,10 +28,10 @@ class RunLayout:
     def spec(self) -> Path:
         return self.root / "spec.json"
 
-    @property
-    def events(self) -> Path:
-        """JSON Lines that rank 0 appends and the worker tails."""
-        return self.root / "events.jsonl"
+    def events(self, attempt: int) -> Path:
+        """JSON Lines that rank 0 appends and the worker tails; one file per attempt, so a
+        resumed attempt never re-reads what a lost one wrote."""
+        return self.root / f"events-{attempt}.jsonl"
 
     @property
     def log(self) -> Path:
@@ -53,6 +53,20 @@ class RunLayout:
 
     def checkpoint_tag(self, step: int) -> str:
         return f"step-{step:08d}"
+
+    def newest_complete_checkpoint(self) -> CheckpointManifest | None:
+        """The newest DeepSpeed checkpoint whose manifest was written; half-written ones are skipped."""
+        if not self.checkpoints_dir.is_dir():
+            return None
+        complete = []
+        for directory in self.checkpoints_dir.glob("step-*"):
+            try:
+                manifest = CheckpointManifest.read(directory)
+            except ValueError:
+                continue
+            if manifest is not None and manifest.kind == "deepspeed":
+                complete.append(manifest)
+        return max(complete, key=lambda m: m.step, default=None)
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:

@@ -1,30 +1,54 @@
-"""Running one job: claim it, launch the ranks, ingest their events, record the outcome."""
+"""Running one job attempt: claim it, launch the ranks, watch them, record the outcome.
+
+While the ranks run, the worker ingests their events, renews the job's lease, and watches
+the job row for a cancel; it ends the attempt on a cancel, a timeout, or a lost lease.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
+import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from types import FrameType
+
+from sqlalchemy import delete
+from sqlmodel import col
 
 from shared.db import session_scope
 from shared.deepspeed_config import wants_fp16
 from shared.events import RankError
-from shared.models import ErrorCode, JobStatus
+from shared.lifecycle import (
+    claim_job,
+    finish_job,
+    job_status,
+    record_event,
+    record_progress,
+    release_job,
+    renew_lease,
+)
+from shared.models import Checkpoint, ErrorCode, EventType, Job, JobMetric, JobStatus
 from shared.settings import Settings
-from shared.spec import TrainingOptions, TrainingSpec
+from shared.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.storage import RunLayout, tail_lines, write_json_atomic
 from shared.validation import FP16_NEEDS_CUDA
 from worker.ingest import EventIngestor
 from worker.launcher import HostHardware, launch_ranks, stop_ranks
-from worker.lifecycle import claim_job, finish_job
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
+OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
+OOM_ADVICE = (
+    " — the devices ran out of memory: try a higher ZeRO stage (zero_optimization.stage 3), "
+    "offloading (zero_optimization.offload_optimizer / offload_param with device 'cpu'), or a smaller "
+    "train_micro_batch_size_per_gpu with more gradient_accumulation_steps"
+)
 
 
 class WorkerStopping(Exception):
@@ -55,18 +79,100 @@ def failure_from_ranks(layout: RunLayout) -> tuple[str, str]:
             continue
     if errors:
         first = min(errors, key=lambda e: e.time)
-        return first.code, first.message
-    lines = tail_lines(layout.log, 200)
-    meaningful = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-    message = meaningful[-1].strip() if meaningful else "the training processes exited with an error"
-    return ErrorCode.training_error, f"{message} (full log: {layout.log})"
+        code, message = first.code, first.message
+    else:
+        lines = tail_lines(layout.log, 200)
+        meaningful = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+        message = meaningful[-1].strip() if meaningful else "the training processes exited with an error"
+        code, message = ErrorCode.training_error, f"{message} (full log: {layout.log})"
+    if code == ErrorCode.training_error and OOM_PATTERN.search(message):
+        message += OOM_ADVICE
+    return code, message
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why the worker ends an attempt whose ranks are still running."""
+
+    status: JobStatus
+    code: ErrorCode
+    message: str
+
+
+@dataclass
+class Attempt:
+    """One claimed attempt of a job, and what it needs to run."""
+
+    job_id: uuid.UUID
+    number: int
+    worker_id: str
+    spec: TrainingSpec
+    layout: RunLayout
+    max_duration_seconds: int | None
+    log_offset: int  # where ingestion of train.log stopped (a lost attempt's last lines come next)
+
+
+def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
+    """Before attempt n > 1: finish ingesting what attempt n-1 wrote up to the checkpoint this
+    attempt resumes from (its worker may have died before reading it), and drop what it
+    recorded after that step: this attempt trains those steps again."""
+    newest = layout.newest_complete_checkpoint()
+    from_step = newest.step if newest is not None else 0
+    with session_scope() as session:
+        leftovers = EventIngestor(
+            events_path=layout.events(job.attempts - 1),
+            log_path=None,
+            job_id=job.id,
+            events_offset=job.events_offset,
+            up_to_step=from_step,
+        )
+        leftovers.poll(session)
+        session.execute(delete(JobMetric).where(col(JobMetric.job_id) == job.id, col(JobMetric.step) > from_step))
+        session.execute(delete(Checkpoint).where(col(Checkpoint.job_id) == job.id, col(Checkpoint.step) > from_step))
+        record_progress(session=session, job_id=job.id, values={"events_offset": 0, "step": from_step})
+        if newest is not None:
+            record_event(
+                session,
+                job_id=job.id,
+                type=EventType.resumed,
+                data={"from_step": newest.step, "attempt": job.attempts, "checkpoint": newest.tag},
+            )
+        session.commit()
+    if newest is None:
+        logger.info("job %s attempt %d starts over: no complete checkpoint", job.id, job.attempts)
+        return None
+    logger.info("job %s attempt %d resumes from %s", job.id, job.attempts, newest.tag)
+    return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=newest.tag, step=newest.step)
+
+
+def prepare_attempt(job: Job, *, settings: Settings, worker_id: str) -> Attempt:
+    """Write spec.json; on a restart, resume from the newest complete checkpoint."""
+    layout = RunLayout.for_job(settings, job.id)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    for stale in layout.errors_dir.glob("rank-*.json"):
+        stale.unlink()  # a lost attempt's errors say nothing about this one
+    resume = take_over(job, layout) if job.attempts > 1 else None
+    training = TrainingOptions.model_validate(job.training)
+    spec = TrainingSpec(
+        job_id=job.id,
+        attempt=job.attempts,
+        resume_from=resume,
+        model=job.model,
+        dataset=job.dataset,
+        deepspeed_config=job.deepspeed_config,
+        num_gpus=job.num_gpus,
+        training=training,
+        run_dir=str(layout.root),
+    )
+    write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
+    return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset)
 
 
 def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, worker_id: str) -> None:
     with session_scope() as session:
-        job = claim_job(session=session, job_id=job_id, worker_id=worker_id)
+        job = claim_job(session=session, job_id=job_id, worker_id=worker_id, lease_ttl=settings.lease_ttl_seconds)
         if job is None:
-            logger.info("job %s is not queued any more; this delivery does nothing", job_id)
+            logger.info("job %s is not queued; this delivery does nothing", job_id)
             return
         problem = hardware_problem(num_gpus=job.num_gpus, deepspeed_config=job.deepspeed_config, hardware=hardware)
         if problem:
@@ -78,53 +184,98 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
                 error_message=problem,
             )
             return
-        layout = RunLayout.for_job(settings, job_id)
-        layout.root.mkdir(parents=True, exist_ok=True)
-        spec = TrainingSpec(
-            job_id=job.id,
-            model=job.model,
-            dataset=job.dataset,
-            deepspeed_config=job.deepspeed_config,
-            num_gpus=job.num_gpus,
-            training=TrainingOptions.model_validate(job.training),
-            run_dir=str(layout.root),
-        )
-        write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
-
-    logger.info("job %s: starting %d ranks on %s", job_id, spec.num_gpus, hardware.accelerator)
-    ingestor = EventIngestor(path=layout.events, job_id=job_id)
+    attempt = prepare_attempt(job, settings=settings, worker_id=worker_id)
     previous = signal.signal(signal.SIGTERM, _raise_stopping)
-    process = None
+    try:
+        _supervise(attempt, settings=settings, hardware=hardware)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware) -> None:
+    job_id, layout = attempt.job_id, attempt.layout
+    logger.info(
+        "job %s attempt %d: starting %d ranks on %s",
+        job_id,
+        attempt.number,
+        attempt.spec.num_gpus,
+        hardware.accelerator,
+    )
+    ingestor = EventIngestor(
+        events_path=layout.events(attempt.number), log_path=layout.log, job_id=job_id, log_offset=attempt.log_offset
+    )
+    process: subprocess.Popen[bytes] | None = None
     try:
         process = launch_ranks(
-            spec_path=layout.spec, num_ranks=spec.num_gpus, hardware=hardware, log_path=layout.log, cwd=layout.root
+            spec_path=layout.spec,
+            num_ranks=attempt.spec.num_gpus,
+            hardware=hardware,
+            log_path=layout.log,
+            cwd=layout.root,
         )
+        started = time.monotonic()
+        renew_every = settings.lease_ttl_seconds / 3
+        last_renewal = started
         with session_scope() as session:
             while process.poll() is None:
                 ingestor.poll(session)
+                status: JobStatus | None
+                if time.monotonic() - last_renewal >= renew_every:
+                    status = renew_lease(
+                        session=session,
+                        job_id=job_id,
+                        worker_id=attempt.worker_id,
+                        attempt=attempt.number,
+                        lease_ttl=settings.lease_ttl_seconds,
+                    )
+                    last_renewal = time.monotonic()
+                else:
+                    status = job_status(session=session, job_id=job_id)
+                if status is None:
+                    logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
+                    stop_ranks(process, grace_seconds=0)
+                    return
+                ending = None
+                if status == JobStatus.cancelling:
+                    ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
+                    grace = settings.cancel_grace_seconds
+                limit = attempt.max_duration_seconds
+                if ending is None and limit is not None and time.monotonic() - started > limit:
+                    message = f"the job ran longer than training.max_duration_seconds ({limit}s)"
+                    ending, grace = Ending(JobStatus.failed, ErrorCode.timeout, message), STOP_GRACE_SECONDS
+                if ending is not None:
+                    logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
+                    stop_ranks(process, grace_seconds=grace)
+                    ingestor.poll(session)  # what rank 0 wrote while it finished its step
+                    finish_job(
+                        session=session,
+                        job_id=job_id,
+                        status=ending.status,
+                        error_code=ending.code,
+                        error_message=ending.message,
+                    )
+                    return
                 time.sleep(POLL_SECONDS)
             ingestor.poll(session)
             if process.returncode == 0:
-                finish_job(session=session, job_id=job_id, status=JobStatus.succeeded)
+                finish_job(session=session, job_id=job_id, status=JobStatus.succeeded, attempt=attempt.number)
                 logger.info("job %s succeeded", job_id)
             else:
                 code, message = failure_from_ranks(layout)
                 finish_job(
-                    session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=message
+                    session=session,
+                    job_id=job_id,
+                    status=JobStatus.failed,
+                    error_code=code,
+                    error_message=message,
+                    attempt=attempt.number,
                 )
                 logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
     except WorkerStopping:
-        logger.warning("job %s: worker stopping, stopping its ranks", job_id)
+        logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
         if process is not None:
             stop_ranks(process, grace_seconds=STOP_GRACE_SECONDS)
-        with session_scope() as session:
-            finish_job(
-                session=session,
-                job_id=job_id,
-                status=JobStatus.failed,
-                error_code=ErrorCode.worker_lost,
-                error_message="the worker was stopped while this job ran; submit it again",
-            )
+        _release(attempt, reason="the worker running this job was stopped")
         raise SystemExit(0) from None
     except Exception:
         logger.exception("job %s: the worker failed while running it", job_id)
@@ -138,5 +289,14 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
                 error_code=ErrorCode.internal_error,
                 error_message="tuneq failed while running this job; the worker log has the details",
             )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+
+def _release(attempt: Attempt, *, reason: str) -> None:
+    with session_scope() as session:
+        job = session.get(Job, attempt.job_id, populate_existing=True)
+        if (
+            job is not None
+            and job.attempts == attempt.number
+            and job.status in (JobStatus.running, JobStatus.cancelling)
+        ):
+            release_job(session=session, job=job, reason=reason)

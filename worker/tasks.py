@@ -15,10 +15,11 @@ from typing import Any
 from celery.signals import worker_process_init, worker_ready
 
 from shared.db import init_db, session_scope
+from shared.lifecycle import register_worker, set_worker_idle, touch_worker
 from shared.queue import RUN_JOB_TASK, get_celery
 from shared.settings import get_settings
 from worker.launcher import HostHardware, detect_hardware
-from worker.lifecycle import register_worker, touch_worker
+from worker.reconciler import run_reconciler
 from worker.runner import run_job
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,11 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             device_count=hardware.device_count,
         )
     logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
-    threading.Thread(target=_heartbeat, args=(threading.Event(),), name="heartbeat", daemon=True).start()
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(stop,), name="heartbeat", daemon=True).start()
+    threading.Thread(
+        target=run_reconciler, kwargs={"settings": get_settings(), "stop": stop}, name="reconciler", daemon=True
+    ).start()
 
 
 @worker_process_init.connect
@@ -78,4 +83,10 @@ def prepare_worker() -> None:
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job_task(job_id: str) -> None:
-    run_job(uuid.UUID(job_id), settings=get_settings(), hardware=current_hardware(), worker_id=_worker_id)
+    with session_scope() as session:
+        set_worker_idle(session=session, worker_id=_worker_id, idle=False)
+    try:
+        run_job(uuid.UUID(job_id), settings=get_settings(), hardware=current_hardware(), worker_id=_worker_id)
+    finally:
+        with session_scope() as session:
+            set_worker_idle(session=session, worker_id=_worker_id, idle=True)

@@ -67,6 +67,27 @@ def watch_worker() -> None:
     threading.Thread(target=loop, name="watch-worker", daemon=True).start()
 
 
+class StopRequested:
+    """SIGTERM (cancel, or the worker stopping) lets the current step finish, then the loop exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, _signum: int, _frame: Any) -> None:
+        self.requested = True
+
+    def agreed(self, device: Any) -> bool:
+        """True on every rank once any rank got SIGTERM, so all leave after the same step
+        (a rank that stayed would wait forever in the next collective)."""
+        import torch
+        from deepspeed import comm as dist
+
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+
 def train(spec: TrainingSpec, layout: RunLayout) -> None:
     import deepspeed
     import torch
@@ -79,7 +100,8 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     opts = spec.training
     deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    events = EventWriter(layout.events, enabled=rank == 0)
+    events = EventWriter(layout.events(spec.attempt), enabled=rank == 0)
+    stop = StopRequested()
     set_seed(opts.seed)
 
     try:
@@ -104,6 +126,17 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     engine, _, _, _ = deepspeed.initialize(
         model=model, config_params=spec.deepspeed_config, model_parameters=model.parameters()
     )
+    # Where this attempt starts: the beginning, or just after a complete checkpoint, with the
+    # step count, the learning-rate schedule (in the checkpoint) and the data position.
+    start_epoch, skip_micro_steps, tokens_seen = 0, 0, 0
+    if spec.resume_from is not None:
+        load_path, client_state = engine.load_checkpoint(spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag)
+        if load_path is None:
+            raise RuntimeError(f"could not load checkpoint {spec.resume_from.tag}")
+        start_epoch = int(client_state["epoch"])
+        skip_micro_steps = int(client_state["micro_step"]) + 1
+        tokens_seen = int(client_state.get("tokens_seen", 0))
+        logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
     micro_batch = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()
     loader, sampler = make_loader(
@@ -129,18 +162,27 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         )
     )
 
+    if skip_micro_steps >= steps_per_epoch * accumulation:
+        start_epoch, skip_micro_steps = start_epoch + 1, 0
+
     device = engine.device
-    step = 0
-    last_saved_step = -1
+    step = engine.global_steps
+    last_saved_step = step if spec.resume_from is not None else -1
+    epoch = start_epoch
+    micro_step = -1
     # Per-step sums across micro-batches: loss, micro-batches, real (unpadded) tokens, samples.
     window = torch.zeros(4, dtype=torch.float64, device=device)
     step_started = time.perf_counter()
     engine.train()
-    for epoch in range(opts.epochs):
-        sampler.set_epoch(epoch)
+    for epoch in range(start_epoch, opts.epochs):
+        if step >= total_steps:
+            break
+        sampler.set_epoch(epoch)  # the same order as the lost attempt saw: seed + epoch
         for micro_step, batch in enumerate(loader):
             if micro_step >= steps_per_epoch * accumulation:
                 break  # a trailing partial accumulation would never reach an optimizer step
+            if epoch == start_epoch and micro_step < skip_micro_steps:
+                continue  # trained on before the checkpoint this attempt resumed from
             batch = {k: v.to(device) for k, v in batch.items()}
             outputs = engine(**batch)
             engine.backward(outputs.loss)
@@ -157,6 +199,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                 dist.all_reduce(window)  # every rank's loss, not rank 0's alone
                 elapsed = max(time.perf_counter() - step_started, 1e-9)
                 loss_sum, micro_batches, tokens, samples = window.tolist()
+                tokens_seen += int(tokens)
                 grad_norm = engine.get_global_grad_norm()
                 events.emit(
                     MetricEvent(
@@ -167,23 +210,26 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                         epoch=epoch + (micro_step + 1) / (steps_per_epoch * accumulation),
                         tokens_per_second=tokens / elapsed,
                         samples_per_second=samples / elapsed,
+                        tokens_seen=tokens_seen,
                         time=datetime.now(UTC).isoformat(),
                     )
                 )
                 window.zero_()
                 step_started = time.perf_counter()
+            position = {"step": step, "epoch": epoch, "micro_step": micro_step, "tokens_seen": tokens_seen}
             if opts.checkpoint_every_steps and step % opts.checkpoint_every_steps == 0 and step < total_steps:
-                save_checkpoint(
-                    engine, layout=layout, step=step, events=events, client_state={"step": step, "epoch": epoch}
-                )
+                save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position)
                 last_saved_step = step
             if step >= total_steps:
                 break
-        if step >= total_steps:
-            break
+            if stop.agreed(device):
+                logger.info("stop requested: leaving after step %d", step)
+                events.close()
+                sys.exit(0)
 
     if last_saved_step != step:
-        save_checkpoint(engine, layout=layout, step=step, events=events, client_state={"step": step, "epoch": epoch})
+        position = {"step": step, "epoch": epoch, "micro_step": micro_step, "tokens_seen": tokens_seen}
+        save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position)
     export_model(engine, tokenizer, layout=layout, step=step, events=events)
     events.close()
     dist.barrier()

@@ -1,14 +1,21 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service
 from api.deps import SessionDep, SettingsDep
+from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
+from shared.lifecycle import JobFinishedError
 from shared.models import (
     CheckpointPublic,
     CheckpointsPublic,
+    EventPublic,
+    EventsPublic,
     Job,
     JobPublic,
     JobsPublic,
@@ -18,6 +25,7 @@ from shared.models import (
     MetricsPublic,
 )
 from shared.spec import JobCreate
+from shared.storage import RunLayout
 from shared.validation import JobValidationError
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -30,13 +38,33 @@ def _job_or_404(session: SessionDep, job_id: uuid.UUID) -> Job:
     return job
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
-def create_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    responses={
+        200: {"model": JobPublic, "description": "The job an earlier request with this Idempotency-Key made"},
+        409: {"description": "The Idempotency-Key was used with a different body"},
+    },
+)
+def create_job(
+    job_in: JobCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobPublic:
     try:
-        job = jobs_service.create_job(session=session, job_in=job_in, settings=settings)
+        job, created = jobs_service.create_job(
+            session=session, job_in=job_in, settings=settings, idempotency_key=idempotency_key
+        )
     except JobValidationError as e:
         detail = [{"type": "value_error", "loc": list(p.loc), "msg": p.message} for p in e.problems]
         raise HTTPException(status_code=422, detail=detail) from None
+    except jobs_service.IdempotencyConflictError as e:
+        raise HTTPException(status_code=409, detail=str(e)) from None
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return JobPublic.from_job(job)
 
 
@@ -56,6 +84,16 @@ def get_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
     return JobPublic.from_job(_job_or_404(session, job_id))
 
 
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses={409: {"description": "The job already ended"}})
+def cancel_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
+    """A queued job is cancelled at once; a running one goes through `cancelling`."""
+    _job_or_404(session, job_id)
+    try:
+        return JobPublic.from_job(jobs_service.cancel_job(session=session, job_id=job_id))
+    except JobFinishedError as e:
+        raise HTTPException(status_code=409, detail=str(e)) from None
+
+
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
 def get_metrics(job_id: uuid.UUID, session: SessionDep) -> MetricsPublic:
     _job_or_404(session, job_id)
@@ -70,9 +108,57 @@ def get_checkpoints(job_id: uuid.UUID, session: SessionDep) -> CheckpointsPublic
     return CheckpointsPublic(data=[CheckpointPublic.model_validate(r) for r in rows])
 
 
-@router.get("/{job_id}/logs", response_model=LogsPublic)
-def get_logs(
-    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, tail: int = Query(default=200, ge=1)
-) -> LogsPublic:
+def _sse(job_id: uuid.UUID, after: int) -> EventSourceResponse:
+    return EventSourceResponse(event_stream(job_id, after), ping=HEARTBEAT_SECONDS)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=EventsPublic,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with Accept: text/event-stream"}
+    },
+)
+def get_events(
+    job_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    after: int = Query(default=0, ge=0, description="Return events with an id greater than this cursor"),
+    limit: int = Query(default=100, ge=1, le=1000),
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+) -> EventsPublic | EventSourceResponse:
     _job_or_404(session, job_id)
+    cursor = last_event_id if last_event_id is not None else after
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return _sse(job_id, cursor)
+    rows = jobs_service.list_job_events(session=session, job_id=job_id, after=cursor, limit=limit)
+    return EventsPublic(data=[EventPublic.model_validate(r) for r in rows], next_cursor=rows[-1].id if rows else None)
+
+
+@router.get("/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}})
+def stream_events(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    after: int = Query(default=0, ge=0),
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+) -> EventSourceResponse:
+    """Server-Sent Events; ends after the job's terminal status. `Last-Event-ID` resumes."""
+    _job_or_404(session, job_id)
+    return _sse(job_id, last_event_id if last_event_id is not None else after)
+
+
+@router.get("/{job_id}/logs", response_model=LogsPublic, responses={200: {"content": {"text/plain": {}}}})
+def get_logs(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    settings: SettingsDep,
+    tail: int = Query(default=200, ge=1),
+    follow: bool = Query(default=False, description="Stream new lines as text/plain until the job ends"),
+) -> LogsPublic | StreamingResponse:
+    _job_or_404(session, job_id)
+    if follow:
+        path = RunLayout.for_job(settings, job_id).log
+        return StreamingResponse(
+            follow_log(job_id, path, min(tail, settings.max_log_tail)), media_type="text/plain; charset=utf-8"
+        )
     return LogsPublic(lines=jobs_service.read_log_tail(settings=settings, job_id=job_id, tail=tail))

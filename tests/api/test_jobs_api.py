@@ -150,3 +150,71 @@ def test_readiness_fails_when_the_broker_is_down(client: TestClient, monkeypatch
     get_settings.cache_clear()
     response = client.get("/readyz")
     assert response.status_code == 503 and response.json()["checks"]["broker"] == "unreachable"
+
+
+def test_idempotency_key(client: TestClient, body: dict[str, Any]) -> None:
+    first = client.post("/jobs", json=body, headers={"Idempotency-Key": "k1"})
+    again = client.post("/jobs", json=body, headers={"Idempotency-Key": "k1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    other = client.post("/jobs", json={**body, "name": "other"}, headers={"Idempotency-Key": "k1"})
+    assert other.status_code == 409 and "different body" in other.json()["detail"]
+    assert client.post("/jobs", json=body, headers={"Idempotency-Key": "k2"}).json()["id"] != first.json()["id"]
+    assert job_count() == 2
+
+
+def test_cancel_a_queued_job_at_once_and_again(client: TestClient, body: dict[str, Any]) -> None:
+    job_id = client.post("/jobs", json=body).json()["id"]
+    cancelled = client.post(f"/jobs/{job_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["error"]["code"] == "cancelled"
+    assert client.post(f"/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    assert client.post(f"/jobs/{uuid.uuid4()}/cancel").status_code == 404
+
+
+def test_cancel_a_finished_job_is_409(client: TestClient, body: dict[str, Any]) -> None:
+    job_id = client.post("/jobs", json=body).json()["id"]
+    with Session(get_engine()) as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None
+        job.status = JobStatus.succeeded
+        session.add(job)
+        session.commit()
+    response = client.post(f"/jobs/{job_id}/cancel")
+    assert response.status_code == 409 and "already succeeded" in response.json()["detail"]
+
+
+def test_events_page_by_cursor_and_stream_ends_after_the_terminal_status(
+    client: TestClient, body: dict[str, Any]
+) -> None:
+    job_id = client.post("/jobs", json=body).json()["id"]
+    client.post(f"/jobs/{job_id}/cancel")
+    page = client.get(f"/jobs/{job_id}/events", params={"limit": 1}).json()
+    assert [e["data"] for e in page["data"]] == [{"status": "queued"}]
+    rest = client.get(f"/jobs/{job_id}/events", params={"after": page["next_cursor"]}).json()
+    assert [e["data"]["status"] for e in rest["data"]] == ["cancelled"]
+    assert client.get(f"/jobs/{job_id}/events", params={"after": rest["next_cursor"]}).json() == {
+        "data": [],
+        "next_cursor": None,
+    }
+    with client.stream("GET", f"/jobs/{job_id}/events", headers={"Accept": "text/event-stream"}) as stream:
+        text = "".join(stream.iter_text())
+    assert text.count("event: status") == 2 and f"id: {rest['next_cursor']}" in text
+    with client.stream(
+        "GET", f"/jobs/{job_id}/events/stream", headers={"Last-Event-ID": str(page["next_cursor"])}
+    ) as stream:
+        text = "".join(stream.iter_text())
+    assert text.count("event: status") == 1 and "cancelled" in text
+
+
+def test_logs_follow_streams_until_the_job_ends(client: TestClient, body: dict[str, Any]) -> None:
+    from shared.settings import get_settings
+
+    job_id = client.post("/jobs", json=body).json()["id"]
+    layout = RunLayout.for_job(get_settings(), job_id)
+    layout.root.mkdir(parents=True)
+    layout.log.write_text("one\ntwo\nthree\n")
+    client.post(f"/jobs/{job_id}/cancel")
+    with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 2, "follow": True}) as stream:
+        assert stream.headers["content-type"].startswith("text/plain")
+        assert stream.read().decode() == "two\nthree\n"

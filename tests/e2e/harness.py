@@ -38,38 +38,56 @@ class Tuneq:
         self.log = home / "tuneq-processes.log"
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
 
-    def _spawn(self, *args: str) -> None:
-        home_log = self.log.open("ab")
-        self.processes.append(
-            subprocess.Popen(
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as home_log:
+            process = subprocess.Popen(
                 [sys.executable, "-m", "shared.cli", *args],
                 env=self.env,
                 stdout=home_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        )
+        self.processes.append(process)
+        return process
 
-    def start(self, *, timeout: float = 120) -> Tuneq:
+    def start(self, *, timeout: float = 120, workers: int = 1, ready: str = "/readyz") -> Tuneq:
         self.home.mkdir(parents=True, exist_ok=True)
         if self.split:
             self._spawn("serve", "--port", str(self.port))
-            self._spawn("worker")
+            for _ in range(workers):
+                self.start_worker()
         else:
             self._spawn("dev", "--port", str(self.port))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                if self.client.get("/readyz").status_code == 200:
+                if self.client.get(ready).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"tuneq not ready; see {self.log}")
 
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        return self._spawn("worker")
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a process's whole group, as the OOM killer or a host reboot would."""
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.processes.remove(process)
+
+    def ranks_of(self, job_id: str) -> list[psutil.Process]:
+        marker = f"{job_id}/spec.json"
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        return found
+
     def _check_alive(self) -> None:
-        for p in self.processes:
+        for p in self.processes[:1]:  # the API (or dev); tests kill workers on purpose
             if p.poll() is not None:
                 raise RuntimeError(f"tuneq process exited with {p.returncode}:\n{self.log_tail()}")
 

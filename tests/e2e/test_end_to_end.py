@@ -161,6 +161,12 @@ def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Pa
     dev.wait(timeout=60)
     assert wait_gone(tree, timeout=30) == []
     service.client.close()
+    # The interrupted job went back to the queue, to resume on the next start.
+    import sqlite3
+
+    with sqlite3.connect(service.home / "tuneq.sqlite") as db:
+        (status,) = db.execute("SELECT status FROM jobs WHERE id = ?", (job["id"].replace("-", ""),)).fetchone()
+    assert status == "queued"
 
 
 def test_postgres_and_redis_with_separate_api_and_worker(

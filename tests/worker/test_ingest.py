@@ -3,30 +3,40 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from shared.db import get_engine
-from shared.models import Checkpoint, Job, JobMetric
+from shared.models import Checkpoint, Job, JobEvent, JobMetric
+from tests.shared.test_lifecycle import new_job
 from worker.ingest import EventIngestor
 
-from .test_lifecycle import new_job
 
-
-def metric(step: int, loss: float) -> str:
-    return json.dumps({"type": "metric", "step": step, "loss": loss, "time": "2026-01-01T00:00:00+00:00"})
+def metric(step: int, loss: float, second: int = 0) -> str:
+    return json.dumps(
+        {
+            "type": "metric",
+            "step": step,
+            "loss": loss,
+            "tokens_seen": step * 10,
+            "time": f"2026-01-01T00:00:{second:02d}+00:00",
+        }
+    )
 
 
 def test_events_become_rows_each_step_once(database_url: str, tmp_path: Path) -> None:
     job = new_job()
-    events = tmp_path / "events.jsonl"
-    ingestor = EventIngestor(path=events, job_id=job.id)
+    events, log = tmp_path / "events-1.jsonl", tmp_path / "train.log"
+    log.write_text("ingested by an earlier attempt\n")
+    ingestor = EventIngestor(events_path=events, log_path=log, job_id=job.id, log_offset=log.stat().st_size)
     with Session(get_engine()) as session:
         assert ingestor.poll(session) == 0  # no file yet
-        plan = {"type": "plan", "total_steps": 3, "steps_per_epoch": 3, "num_samples": 6, "world_size": 1}
-        events.write_text(json.dumps(plan) + "\n" + metric(1, 2.0) + "\n" + metric(2, 1.5)[:20])
+        plan = {"type": "plan", "total_steps": 5, "steps_per_epoch": 5, "num_samples": 6, "world_size": 1}
+        events.write_text(json.dumps(plan) + "\n" + metric(1, 2.0, 0) + "\n" + metric(2, 1.5)[:20])
+        with log.open("a") as f:
+            f.write("loading\rloaded 100%\nhalf a li")
         assert ingestor.poll(session) == 2  # the half-written line waits
         with events.open("a") as f:
-            f.write(metric(2, 1.5)[20:] + "\n" + metric(2, 1.4) + "\nnot json\n")
+            f.write(metric(2, 1.5, 2)[20:] + "\n" + metric(2, 1.4, 2) + "\nnot json\n")
             ckpt = {
                 "type": "checkpoint",
                 "step": 2,
@@ -36,17 +46,53 @@ def test_events_become_rows_each_step_once(database_url: str, tmp_path: Path) ->
                 "time": "2026-01-01T00:00:01+00:00",
             }
             f.write(json.dumps(ckpt) + "\n")
+        with log.open("a") as f:
+            f.write("ne\n")
         assert ingestor.poll(session) == 3
-        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(JobMetric.step)).all()
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
         assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 1.4)]
         stored = session.get(Job, job.id, populate_existing=True)
-        assert stored is not None and stored.total_steps == 3 and stored.step == 2
+        assert stored is not None and stored.total_steps == 5 and stored.step == 2 and stored.tokens_seen == 20
         assert stored.latest_metrics is not None and stored.latest_metrics["loss"] == 1.4
+        assert stored.eta_seconds == 6.0  # 2 s per step since this attempt's first metric, 3 steps left
         checkpoints = session.exec(select(Checkpoint)).all()
         assert [(c.step, c.kind, c.bytes) for c in checkpoints] == [(2, "deepspeed", 10)]
         # A later attempt reporting step 2 again replaces it.
         with events.open("a") as f:
             f.write(metric(2, 1.2) + "\n")
         ingestor.poll(session)
-        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(JobMetric.step)).all()
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
         assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 1.2)]
+        stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+    kinds = [(e.type, e.data.get("step", e.data.get("line"))) for e in stream]
+    assert kinds == [
+        ("log", "loaded 100%"),
+        ("metric", 1),
+        ("log", "half a line"),
+        ("metric", 2),  # the stream shows what was reported; /metrics keeps the last report per step
+        ("metric", 2),
+        ("checkpoint", 2),
+        ("metric", 2),
+    ]
+    assert [e.id for e in stream] == sorted(e.id for e in stream)
+
+
+def test_offsets_are_committed_with_the_rows_and_leftovers_replay_up_to_a_step(
+    database_url: str, tmp_path: Path
+) -> None:
+    job = new_job()
+    events = tmp_path / "events-1.jsonl"
+    events.write_text(metric(1, 3.0) + "\n" + metric(2, 2.9) + "\n" + metric(3, 2.8)[:10])
+    with Session(get_engine()) as session:
+        EventIngestor(events_path=events, log_path=None, job_id=job.id).poll(session)
+        stored = session.get(Job, job.id, populate_existing=True)
+        assert stored is not None and stored.events_offset == len(metric(1, 3.0) + metric(2, 2.9)) + 2
+        # The worker died here; the file grew on. The next attempt resumes from step 3.
+        with events.open("a") as f:
+            f.write(metric(3, 2.8)[10:] + "\n" + metric(4, 2.7) + "\n")
+        leftovers = EventIngestor(
+            events_path=events, log_path=None, job_id=job.id, events_offset=stored.events_offset, up_to_step=3
+        )
+        leftovers.poll(session)
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
+    assert [r.step for r in rows] == [1, 2, 3]  # step 4 is superseded: the next attempt trains it again

@@ -74,3 +74,30 @@ def test_rank_environment_sets_the_cpu_accelerator_only_without_gpus(monkeypatch
     assert cpu_env["DS_ACCELERATOR"] == "cpu" and cpu_env["TUNEQ_WORKER_PID"] == "123"
     gpu_env = rank_environment(HostHardware("cuda", 4), num_ranks=2, worker_pid=123)
     assert gpu_env.get("DS_ACCELERATOR") == __import__("os").environ.get("DS_ACCELERATOR")
+
+
+def test_out_of_memory_failures_get_advice(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    layout.errors_dir.mkdir()
+    error = {"rank": 0, "code": "training_error", "message": "OutOfMemoryError: CUDA out of memory.", "time": "t"}
+    (layout.errors_dir / "rank-0.json").write_text(json.dumps(error))
+    code, message = failure_from_ranks(layout)
+    assert code == "training_error"
+    assert "zero_optimization.stage 3" in message and "offload" in message and "micro_batch" in message
+
+
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    from shared.storage import CheckpointManifest
+
+    layout = RunLayout(tmp_path)
+    for step, complete in ((10, True), (20, True), (30, False)):  # 30: killed during its save
+        directory = layout.checkpoints_dir / layout.checkpoint_tag(step)
+        directory.mkdir(parents=True)
+        (directory / "shard.pt").write_bytes(b"x" * step)
+        if complete:
+            CheckpointManifest.describe(
+                directory, step=step, tag=directory.name, kind="deepspeed", world_size=1, created_at="t"
+            ).write(directory)
+    newest = layout.newest_complete_checkpoint()
+    assert newest is not None and newest.step == 20 and newest.tag == "step-00000020"
+    assert RunLayout(tmp_path / "empty").newest_complete_checkpoint() is None

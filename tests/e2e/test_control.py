@@ -1,0 +1,302 @@
+"""Control and fault tolerance with real processes: cancel, lost workers, resume, SSE.
+
+Nothing is mocked: workers are SIGKILLed, Redis servers stopped, streams read over HTTP.
+Short lease and reconcile periods keep the waits to seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from tests.services import fresh_postgres_schema
+
+from .harness import Tuneq, free_port, wait_gone
+
+pytestmark = pytest.mark.slow
+
+FAST_CONTROL = {
+    "TUNEQ_LEASE_TTL_SECONDS": "6",
+    "TUNEQ_RECONCILE_SECONDS": "1",
+    "TUNEQ_REPUBLISH_AFTER_SECONDS": "4",
+    "TUNEQ_CANCEL_GRACE_SECONDS": "20",
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("control") / "data"
+    build_tiny_model(data / "tiny-gpt-neo")
+    write_text_dataset(data / "train.jsonl", records=64)
+    return data
+
+
+def body(data: Path, **training: Any) -> dict[str, Any]:
+    return {
+        "model": str(data / "tiny-gpt-neo"),
+        "dataset": str(data / "train.jsonl"),
+        "deepspeed_config": seed_config(fp16=False, lr=1e-3),
+        "training": {"max_seq_length": 48, **training},
+    }
+
+
+def long_job(data: Path, **training: Any) -> dict[str, Any]:
+    return body(data, epochs=1000, max_steps=100_000, **training)
+
+
+def service(tmp_path: Path, data: Path, **env: str) -> Tuneq:
+    return Tuneq(home=tmp_path / "home", env={"TUNEQ_ALLOWED_ROOTS": str(data), **FAST_CONTROL, **env}, split=True)
+
+
+def wait_for(predicate: Any, *, timeout: float, what: str, service: Tuneq) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise TimeoutError(f"{what}\n{service.log_tail()}")
+
+
+@pytest.fixture
+def redis_db(redis_url: str) -> str:
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    return redis_url
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> str:
+    return fresh_postgres_schema(postgres_url)
+
+
+def test_cancel_stops_every_rank_within_the_grace_period(tmp_path: Path, data: Path) -> None:
+    tuneq = service(tmp_path, data).start()
+    try:
+        job = tuneq.submit(long_job(data))
+        queued_behind = tuneq.submit(long_job(data))  # one job per worker: this one waits
+        wait_for(lambda: tuneq.job(job["id"])["step"] >= 3, timeout=180, what="no steps", service=tuneq)
+        ranks = tuneq.ranks_of(job["id"])
+        assert ranks, "no rank processes found"
+        assert tuneq.client.post(f"/jobs/{queued_behind['id']}/cancel").json()["status"] == "cancelled"
+        started = time.monotonic()
+        answer = tuneq.client.post(f"/jobs/{job['id']}/cancel").json()
+        assert answer["status"] in ("cancelling", "cancelled")
+        done = tuneq.wait(job["id"], timeout=60)
+        assert done["status"] == "cancelled" and done["error"]["code"] == "cancelled"
+        assert time.monotonic() - started < 20  # the grace period
+        assert wait_gone(ranks, timeout=5) == []
+        assert tuneq.client.post(f"/jobs/{job['id']}/cancel").status_code == 200
+        statuses = [
+            e["data"]["status"]
+            for e in tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+            if e["type"] == "status"
+        ]
+        assert statuses == ["queued", "running", "cancelling", "cancelled"]
+        # The worker is free again and never restarts a cancelled job.
+        short = tuneq.wait(tuneq.submit(body(data, max_steps=3))["id"], timeout=120)
+        assert short["status"] == "succeeded"
+        assert tuneq.job(job["id"])["status"] == "cancelled" and tuneq.job(job["id"])["attempts"] == 1
+    finally:
+        tuneq.stop()
+
+
+def test_timeout_fails_the_job(tmp_path: Path, data: Path) -> None:
+    tuneq = service(tmp_path, data).start()
+    try:
+        job = tuneq.wait(tuneq.submit(long_job(data, max_duration_seconds=8))["id"], timeout=120)
+        assert job["status"] == "failed" and job["error"]["code"] == "timeout"
+        assert "max_duration_seconds" in job["error"]["message"]
+    finally:
+        tuneq.stop()
+
+
+def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
+    tmp_path: Path, data: Path, pg: str, redis_db: str
+) -> None:
+    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_db).start()
+    try:
+        steps = 900
+        job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=40))
+        checkpoint = wait_for(
+            lambda: [c for c in tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"] if c["kind"] == "deepspeed"],
+            timeout=180,
+            what="no checkpoint",
+            service=tuneq,
+        )
+        ranks = tuneq.ranks_of(job["id"])
+        assert ranks
+        tuneq.kill(tuneq.processes[1])  # the worker and its pool, SIGKILL
+        assert tuneq.job(job["id"])["step"] < steps, "the job finished before the worker was killed"
+        assert wait_gone(ranks, timeout=30) == []
+        tuneq.start_worker()
+        done = tuneq.wait(job["id"], timeout=400)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"] == 2
+        metrics = tuneq.get(f"/jobs/{job['id']}/metrics")["data"]
+        assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+        events = tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+        resumed = [e["data"] for e in events if e["type"] == "resumed"]
+        assert len(resumed) == 1 and resumed[0]["from_step"] >= checkpoint[0]["step"]
+        assert resumed[0]["from_step"] % 40 == 0
+        resumed_at = datetime.fromisoformat(next(e["created_at"] for e in events if e["type"] == "resumed"))
+        after = [datetime.fromisoformat(m["time"]) for m in metrics if m["step"] > resumed[0]["from_step"]]
+        assert after and min(after) > resumed_at  # the lost attempt's rows after the checkpoint were superseded
+        warnings = [e["data"]["message"] for e in events if e["type"] == "warning"]
+        assert any("stopped renewing its lease" in w for w in warnings)
+        # Every step after the resume point was trained by the second attempt, continuing the count.
+        assert done["step"] == steps and done["tokens_seen"] > 0
+    finally:
+        tuneq.stop()
+
+
+def test_a_poison_job_fails_after_max_restarts_plus_one_attempts(tmp_path: Path, data: Path) -> None:
+    """A job whose worker dies on every attempt ends failed, not in a loop."""
+    tuneq = service(tmp_path, data).start()
+    try:
+        job = tuneq.submit({**long_job(data), "max_restarts": 1})
+        for attempt in (1, 2):
+            wait_for(
+                lambda a=attempt: tuneq.job(job["id"])["attempts"] == a and tuneq.job(job["id"])["status"] == "running",
+                timeout=120,
+                what=f"attempt {attempt} never ran",
+                service=tuneq,
+            )
+            tuneq.kill(tuneq.processes[-1])
+            tuneq.start_worker()
+        done = tuneq.wait(job["id"], timeout=120)
+        assert done["status"] == "failed" and done["error"]["code"] == "worker_lost"
+        assert done["attempts"] == 2 and "gave up after 2 attempts" in done["error"]["message"]
+        time.sleep(3)
+        assert tuneq.job(job["id"])["attempts"] == 2  # and it stays that way
+    finally:
+        tuneq.stop()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[str, Any]]:
+    """A Redis server of this test's own, so the test can stop and start it."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    state: dict[str, subprocess.Popen[bytes] | None] = {"server": None}
+
+    def start() -> None:
+        state["server"] = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        import redis
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=port).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.1)
+
+    def stop() -> None:
+        server = state["server"]
+        if server is not None:
+            server.terminate()
+            server.wait()
+            state["server"] = None
+
+    try:
+        yield f"redis://127.0.0.1:{port}/0", (start, stop)
+    finally:
+        stop()
+
+
+def test_a_job_submitted_while_the_broker_is_down_runs_once_it_is_back(
+    tmp_path: Path, data: Path, own_redis: tuple[str, Any]
+) -> None:
+    url, (start_redis, stop_redis) = own_redis
+    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=url)
+    tuneq.start(workers=0, ready="/healthz")
+    try:
+        assert tuneq.client.get("/readyz").status_code == 503
+        began = time.monotonic()
+        job = tuneq.submit(body(data, max_steps=4))
+        assert time.monotonic() - began < 10 and job["status"] == "queued"
+        start_redis()
+        tuneq.start_worker()
+        done = tuneq.wait(job["id"], timeout=180)
+        assert done["status"] == "succeeded" and done["attempts"] == 1
+        time.sleep(6)  # past the republish period: a late duplicate must not run it again
+        assert tuneq.job(job["id"])["attempts"] == 1
+    finally:
+        tuneq.stop()
+        stop_redis()
+
+
+def test_a_redelivered_message_does_not_run_the_job_twice(tmp_path: Path, data: Path, redis_db: str) -> None:
+    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_db, TUNEQ_REDIS_VISIBILITY_TIMEOUT_SECONDS="2")
+    tuneq.start(workers=2)
+    try:
+        job = tuneq.submit(body(data, epochs=100, max_steps=300))
+        done = tuneq.wait(job["id"], timeout=300)
+        assert done["status"] == "succeeded" and done["attempts"] == 1
+        log = tuneq.log.read_text(errors="replace")
+        assert "this delivery does nothing" in log, "Redis never redelivered: the test proves nothing"
+        statuses = [
+            e["data"]["status"]
+            for e in tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+            if e["type"] == "status"
+        ]
+        assert statuses == ["queued", "running", "succeeded"]
+    finally:
+        tuneq.stop()
+
+
+def read_sse(response: httpx.Response, *, until: Any) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in response.iter_lines():
+        if line.startswith("id:"):
+            current["id"] = int(line[3:].strip())
+        elif line.startswith("event:"):
+            current["event"] = line[6:].strip()
+        elif line.startswith("data:"):
+            current["data"] = json.loads(line[5:].strip())
+        elif line == "" and current:
+            events.append(current)
+            current = {}
+            if until(events):
+                break
+    return events
+
+
+def test_sse_shows_metrics_live_and_resumes_after_last_event_id(tmp_path: Path, data: Path, redis_db: str) -> None:
+    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_db).start()
+    try:
+        job = tuneq.submit(body(data, epochs=100, max_steps=400))
+        url = f"/jobs/{job['id']}/events/stream"
+        with tuneq.client.stream("GET", url, timeout=120) as response:
+            seen = read_sse(response, until=lambda evs: sum(e["event"] == "metric" for e in evs) >= 3)
+        assert tuneq.job(job["id"])["status"] == "running"  # live, not after the fact
+        last = seen[-1]["id"]
+        with tuneq.client.stream("GET", url, headers={"Last-Event-ID": str(last)}, timeout=300) as response:
+            rest = read_sse(response, until=lambda evs: False)  # to the end of the stream
+        assert rest[-1]["event"] == "status" and rest[-1]["data"]["data"]["status"] == "succeeded"
+        stored = []
+        cursor = last
+        while True:
+            page = tuneq.get(f"/jobs/{job['id']}/events?after={cursor}&limit=1000")
+            stored += page["data"]
+            if page["next_cursor"] is None:
+                break
+            cursor = page["next_cursor"]
+        assert [e["id"] for e in rest] == [e["id"] for e in stored]  # exactly the events after it
+        assert [e["id"] for e in seen + rest] == sorted({e["id"] for e in seen + rest})
+        progress = tuneq.job(job["id"])
+        assert progress["total_steps"] == 400 and progress["epoch"] is not None and progress["tokens_seen"] > 0
+    finally:
+        tuneq.stop()

@@ -1,0 +1,138 @@
+"""The job state machine, on SQLite and on Postgres: every transition is conditional."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from sqlmodel import Session, col, select
+
+from shared.db import get_engine
+from shared.lifecycle import (
+    JobFinishedError,
+    claim_job,
+    expired_leases,
+    finish_job,
+    mark_published,
+    register_worker,
+    release_job,
+    renew_lease,
+    request_cancel,
+    set_worker_idle,
+    unpublished_jobs,
+)
+from shared.models import Job, JobEvent, JobStatus, utcnow
+
+
+def new_job(**fields: object) -> Job:
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={}, **fields)
+        session.add(job)
+        session.commit()
+        return job
+
+
+def session() -> Session:
+    return Session(get_engine(), expire_on_commit=False)
+
+
+def statuses(job: Job) -> list[str]:
+    with session() as s:
+        events = s.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+        return [e.data["status"] for e in events if e.type == "status"]
+
+
+def test_a_job_is_claimed_once(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        first = claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        second = claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=60)
+    assert first is not None and first.status == JobStatus.running and first.worker_id == "w1"
+    assert first.attempts == 1 and first.started_at is not None and first.lease_expires_at is not None
+    assert second is None
+    assert statuses(job) == ["running"]
+
+
+def test_finish_only_from_an_active_status(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded)  # still queued
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded, attempt=2)  # not this attempt
+        assert finish_job(session=s, job_id=job.id, status=JobStatus.failed, error_code="x", error_message="m")
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded)
+        done = s.get(Job, job.id, populate_existing=True)
+        # A redelivered message after the job ended does nothing.
+        assert claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=60) is None
+    assert done is not None and done.status == JobStatus.failed and done.error_message == "m"
+    assert done.finished_at is not None and done.lease_expires_at is None
+    assert statuses(job) == ["running", "failed"]
+
+
+def test_lease_renewal_belongs_to_the_attempt(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        assert renew_lease(session=s, job_id=job.id, worker_id="w1", attempt=1, lease_ttl=60) == JobStatus.running
+        assert renew_lease(session=s, job_id=job.id, worker_id="w2", attempt=1, lease_ttl=60) is None
+        assert renew_lease(session=s, job_id=job.id, worker_id="w1", attempt=2, lease_ttl=60) is None
+
+
+def test_cancel(database_url: str) -> None:
+    queued, running, done = new_job(), new_job(), new_job()
+    with session() as s:
+        assert request_cancel(session=s, job_id=queued.id).status == JobStatus.cancelled
+        assert request_cancel(session=s, job_id=queued.id).status == JobStatus.cancelled  # again: same answer
+        claim_job(session=s, job_id=running.id, worker_id="w", lease_ttl=60)
+        assert request_cancel(session=s, job_id=running.id).status == JobStatus.cancelling
+        assert renew_lease(session=s, job_id=running.id, worker_id="w", attempt=1, lease_ttl=60) == "cancelling"
+        claim_job(session=s, job_id=done.id, worker_id="w", lease_ttl=60)
+        finish_job(session=s, job_id=done.id, status=JobStatus.succeeded)
+        with pytest.raises(JobFinishedError, match="already succeeded"):
+            request_cancel(session=s, job_id=done.id)
+    assert statuses(queued) == ["cancelled"]
+    assert statuses(running) == ["running", "cancelling"]
+
+
+def test_lost_jobs_are_requeued_until_max_restarts_then_fail(database_url: str) -> None:
+    job = new_job(max_restarts=1)
+    outcomes = []
+    with session() as s:
+        for worker in ("w1", "w2"):
+            claim_job(session=s, job_id=job.id, worker_id=worker, lease_ttl=-1)  # expires at once
+            lost = expired_leases(session=s, now=utcnow())
+            assert [j.id for j in lost] == [job.id]
+            outcomes.append(release_job(session=s, job=lost[0], reason="lost"))
+            assert release_job(session=s, job=lost[0], reason="lost") is None  # a second reconciler loses
+        final = s.get(Job, job.id, populate_existing=True)
+    assert outcomes == [JobStatus.queued, JobStatus.failed]
+    assert final is not None and final.attempts == 2 and final.error_code == "worker_lost"
+    assert statuses(job) == ["running", "queued", "running", "failed"]
+
+
+def test_a_lost_cancelling_job_is_cancelled_not_restarted(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=-1)
+        request_cancel(session=s, job_id=job.id)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.cancelled
+
+
+def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url: str) -> None:
+    never, published = new_job(), new_job()
+    soon = utcnow() + timedelta(seconds=1)
+    long_ago = utcnow() - timedelta(days=1)
+    with session() as s:
+        mark_published(session=s, job_id=published.id)
+
+        def lost(older_than: datetime) -> set[object]:
+            return {j.id for j in unpublished_jobs(session=s, older_than=older_than, live_since=long_ago)}
+
+        assert lost(soon) == {never.id}  # no worker at all: only the never-published job
+        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1)
+        set_worker_idle(session=s, worker_id="w", idle=False)
+        assert lost(soon) == {never.id}  # the worker is busy: the message is waiting, not lost
+        set_worker_idle(session=s, worker_id="w", idle=True)
+        assert lost(soon) == {never.id, published.id}  # idle since before the cutoff, yet no claim
+        assert lost(utcnow() - timedelta(seconds=60)) == {never.id}  # published too recently

@@ -1,0 +1,53 @@
+"""The database decides who runs a job, not the broker: find lost jobs and lost messages.
+
+Every worker runs this loop (any number may: each action is a conditional UPDATE that only
+one reconciler can win). It requeues running jobs whose lease expired (their worker died),
+and publishes again queued jobs that nobody claimed (a broker that was down at submit, or a
+message lost with a killed worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from shared.db import session_scope
+from shared.lifecycle import expired_leases, mark_published, release_job, unpublished_jobs
+from shared.models import JobStatus, utcnow
+from shared.queue import enqueue_job
+from shared.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def reconcile_once(*, settings: Settings) -> None:
+    now = utcnow()
+    with session_scope() as session:
+        for job in expired_leases(session=session, now=now):
+            reason = f"the worker running this job ({job.worker_id}) stopped renewing its lease"
+            outcome = release_job(session=session, job=job, reason=reason)
+            if outcome is not None:
+                logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
+        cutoff = now - timedelta(seconds=settings.republish_after_seconds)
+        live_since = now - timedelta(seconds=settings.worker_seen_seconds)
+        for job in unpublished_jobs(session=session, older_than=cutoff, live_since=live_since):
+            if job.status != JobStatus.queued:
+                continue
+            try:
+                enqueue_job(job.id)
+            except Exception as e:
+                logger.warning("cannot publish queued jobs yet (broker: %s); will retry", e)
+                return
+            mark_published(session=session, job_id=job.id)
+            logger.info("job %s published%s", job.id, " again" if job.enqueued_at else "")
+
+
+def run_reconciler(*, settings: Settings, stop: threading.Event) -> None:
+    while True:
+        try:
+            reconcile_once(settings=settings)
+        except Exception:
+            logger.exception("reconciler pass failed; trying again in %.0fs", settings.reconcile_seconds)
+        if stop.wait(settings.reconcile_seconds):
+            return
