@@ -66,12 +66,14 @@ def create_job(
     fingerprint = request_fingerprint(job_in)
     if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint)):
         return existing, False
-    validate_job_request(job_in, settings=settings, hardware=deployment_hardware(session=session, settings=settings))
+    hardware = deployment_hardware(session=session, settings=settings)
+    resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
     job = Job(
         name=job_in.name,
         model=job_in.model,
         dataset=job_in.dataset,
         deepspeed_config=job_in.deepspeed_config,
+        resolved_deepspeed_config=resolved,
         num_gpus=job_in.num_gpus,
         training=job_in.training.model_dump(),
         max_restarts=job_in.max_restarts,

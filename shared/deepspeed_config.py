@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import KeysView, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -63,12 +64,12 @@ class ResolvedBatch:
     bf16: bool
 
 
-class _RecordingDict(dict[str, Any]):
-    """A dict that remembers which keys DeepSpeed's parser asked for."""
+class RecordingDict(dict[str, Any]):
+    """A dict that remembers which keys DeepSpeed's parser asked for (copies share the record)."""
 
     seen: set[str]
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any]) -> None:
         super().__init__(data)
         self.seen = set()
 
@@ -84,6 +85,10 @@ class _RecordingDict(dict[str, Any]):
         if isinstance(key, str):
             self.seen.add(key)
         return super().__contains__(key)
+
+    def keys(self) -> KeysView[str]:  # type: ignore[override]
+        # KeysView's `in` goes through our __contains__, so "x in d.keys()" is recorded too.
+        return KeysView(self)
 
 
 def _config_for_world_size(config: dict[str, Any], world_size: int) -> Any:
@@ -108,7 +113,7 @@ def known_top_level_keys() -> frozenset[str]:
     """Every top-level key DeepSpeed reads: its parser's reads of a full config, plus the rest."""
     import deepspeed.runtime.constants as constants
 
-    probe = _RecordingDict({"train_batch_size": 1})
+    probe = RecordingDict({"train_batch_size": 1})
     _quiet_deepspeed()
     _config_for_world_size(probe, 1)
     named = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str) and v.islower()}

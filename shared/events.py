@@ -6,7 +6,7 @@ waits on the database: rank 0 appends and flushes a line, the worker tails and b
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -19,6 +19,7 @@ class PlanEvent(BaseModel):
     steps_per_epoch: int
     num_samples: int
     world_size: int
+    deepspeed_config: dict[str, Any] | None = None  # as run, every "auto" filled
 
 
 class MetricEvent(BaseModel):

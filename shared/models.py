@@ -54,6 +54,8 @@ class Job(SQLModel, table=True):
     model: str
     dataset: str
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    # The config as run: "auto" values filled (at submit, then by the worker).
+    resolved_deepspeed_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     num_gpus: int
     training: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(
@@ -183,6 +185,7 @@ class JobPublic(SQLModel):
     model: str
     dataset: str
     deepspeed_config: dict[str, Any]
+    resolved_deepspeed_config: dict[str, Any] | None
     num_gpus: int
     training: dict[str, Any]
     created_at: UTCDateTime

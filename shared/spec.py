@@ -7,7 +7,7 @@ the filesystem, DeepSpeed or the deployment's hardware live in ``shared.validati
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +32,19 @@ class TrainingOptions(BaseModel):
     max_duration_seconds: int | None = Field(
         default=None, gt=0, description="Fail the job with 'timeout' once one attempt has run this long."
     )
+    # Only "auto" values in the DeepSpeed config are filled from these (the Hugging Face
+    # Trainer's names and defaults); numbers written in the config win.
+    micro_batch_size: int = Field(default=1, ge=1, description="Fills train_micro_batch_size_per_gpu: auto.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Fills gradient_accumulation_steps: auto.")
+    learning_rate: float = Field(default=5e-5, gt=0, description="Fills optimizer lr and warmup_max_lr: auto.")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.999, ge=0, lt=1)
+    adam_epsilon: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Fills gradient_clipping: auto.")
+    warmup_steps: int = Field(default=0, ge=0, description="Fills scheduler warmup_num_steps: auto.")
+    warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Used when warmup_steps is 0.")
+    precision: Literal["fp32", "fp16", "bf16"] = Field(default="fp32", description="Fills fp16/bf16 enabled: auto.")
 
 
 class JobCreate(BaseModel):

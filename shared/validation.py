@@ -5,14 +5,18 @@ Each problem names the field (as FastAPI's 422 ``loc`` does) and says how to fix
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from shared.dataset import DatasetError, read_text_records
+from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
+from shared.deepspeed_safety import sanitize_deepspeed_config
 from shared.settings import Settings
 from shared.spec import JobCreate
 
@@ -103,8 +107,34 @@ def check_dataset(value: str, settings: Settings) -> Path:
     return path
 
 
-def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware) -> None:
-    """Raise JobValidationError with every problem found, or return when the job can run."""
+def local_hidden_size(model: str) -> int | None:
+    """The hidden size of a local model (for "auto" bucket sizes); None for hub models."""
+    if not is_local_reference(model):
+        return None
+    try:
+        return hidden_size_of(json.loads((local_path(model).resolve() / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Problem]]:
+    """Fill the "auto" values the API can know now; the rest wait for the worker."""
+    problems = [
+        Problem(
+            ("body", "deepspeed_config", *key.split(".")),
+            f"'auto' is not supported for {key}: tuneq fills 'auto' only for "
+            f"{', '.join(sorted(FILLABLE))}; give a value",
+        )
+        for key in auto_keys(job_in.deepspeed_config)
+        if key not in FILLABLE
+    ]
+    inputs = AutoInputs(job_in.training, job_in.num_gpus, hidden_size=local_hidden_size(job_in.model))
+    return fill_auto(job_in.deepspeed_config, inputs), problems
+
+
+def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware) -> dict[str, Any]:
+    """Raise JobValidationError with every problem found; else the config with "auto" filled
+    as far as the API can (the worker fills the rest: total steps, a hub model's hidden size)."""
     problems: list[Problem] = []
     try:
         check_model(job_in.model, settings)
@@ -116,11 +146,17 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         problems.append(Problem(("body", "dataset"), f'{e}: each line must be a JSON object with a "text" string'))
     except ValueError as e:
         problems.append(Problem(("body", "dataset"), str(e)))
+    resolved, auto_problems = resolve_auto_at_submit(job_in)
+    problems += auto_problems
+    # Keys that would read or write files, import modules or call out: refused here; the ones
+    # tuneq rewrites under the run directory are rewritten by the worker, which knows it.
+    _, unsafe = sanitize_deepspeed_config(resolved, run_dir=str(settings.runs_dir / "pending"))
+    problems += [Problem(("body", "deepspeed_config", *u.loc), u.message) for u in unsafe]
     try:
-        resolve_deepspeed_config(job_in.deepspeed_config, world_size=job_in.num_gpus)
+        resolve_deepspeed_config(without_auto(resolved), world_size=job_in.num_gpus)
     except DeepSpeedConfigError as e:
         problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
-    if wants_fp16(job_in.deepspeed_config) and hardware.cuda is False:
+    if wants_fp16(resolved) and hardware.cuda is False:
         problems.append(Problem(("body", "deepspeed_config", "fp16", "enabled"), FP16_NEEDS_CUDA))
     if hardware.max_devices is not None and job_in.num_gpus > hardware.max_devices:
         problems.append(
@@ -132,3 +168,4 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         )
     if problems:
         raise JobValidationError(problems)
+    return resolved

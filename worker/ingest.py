@@ -98,6 +98,8 @@ class EventIngestor:
                 continue
             if isinstance(event, PlanEvent):
                 self._total_steps = progress["total_steps"] = event.total_steps
+                if event.deepspeed_config is not None:
+                    progress["resolved_deepspeed_config"] = event.deepspeed_config
             elif isinstance(event, MetricEvent):
                 metrics[event.step] = event
                 record_event(

@@ -15,12 +15,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from sqlalchemy import delete
 from sqlmodel import col
 
 from shared.db import session_scope
 from shared.deepspeed_config import wants_fp16
+from shared.deepspeed_safety import sanitize_deepspeed_config
 from shared.events import RankError
 from shared.lifecycle import (
     claim_job,
@@ -145,8 +147,9 @@ def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
     return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=newest.tag, step=newest.step)
 
 
-def prepare_attempt(job: Job, *, settings: Settings, worker_id: str) -> Attempt:
-    """Write spec.json; on a restart, resume from the newest complete checkpoint."""
+def prepare_attempt(job: Job, *, deepspeed_config: dict[str, Any], settings: Settings, worker_id: str) -> Attempt:
+    """Write spec.json with the config as it will run; on a restart, resume from the newest
+    complete checkpoint."""
     layout = RunLayout.for_job(settings, job.id)
     layout.root.mkdir(parents=True, exist_ok=True)
     for stale in layout.errors_dir.glob("rank-*.json"):
@@ -159,7 +162,7 @@ def prepare_attempt(job: Job, *, settings: Settings, worker_id: str) -> Attempt:
         resume_from=resume,
         model=job.model,
         dataset=job.dataset,
-        deepspeed_config=job.deepspeed_config,
+        deepspeed_config=deepspeed_config,
         num_gpus=job.num_gpus,
         training=training,
         run_dir=str(layout.root),
@@ -174,17 +177,18 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         if job is None:
             logger.info("job %s is not queued; this delivery does nothing", job_id)
             return
-        problem = hardware_problem(num_gpus=job.num_gpus, deepspeed_config=job.deepspeed_config, hardware=hardware)
+        layout = RunLayout.for_job(settings, job.id)
+        config, unsafe = sanitize_deepspeed_config(
+            job.resolved_deepspeed_config or job.deepspeed_config, run_dir=str(layout.root)
+        )
+        code, problem = ErrorCode.invalid_input, "; ".join(u.message for u in unsafe)
+        if not problem:
+            code = ErrorCode.unsupported_hardware
+            problem = hardware_problem(num_gpus=job.num_gpus, deepspeed_config=config, hardware=hardware) or ""
         if problem:
-            finish_job(
-                session=session,
-                job_id=job_id,
-                status=JobStatus.failed,
-                error_code=ErrorCode.unsupported_hardware,
-                error_message=problem,
-            )
+            finish_job(session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=problem)
             return
-    attempt = prepare_attempt(job, settings=settings, worker_id=worker_id)
+    attempt = prepare_attempt(job, deepspeed_config=config, settings=settings, worker_id=worker_id)
     previous = signal.signal(signal.SIGTERM, _raise_stopping)
     try:
         _supervise(attempt, settings=settings, hardware=hardware)

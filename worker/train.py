@@ -17,10 +17,13 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shared.deepspeed_auto import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
+from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config
 from shared.events import MetricEvent, PlanEvent
 from shared.spec import TrainingSpec
 from shared.storage import RunLayout
@@ -123,22 +126,16 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
             f"set it to {max_positions} or less"
         )
 
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, config_params=spec.deepspeed_config, model_parameters=model.parameters()
-    )
-    # Where this attempt starts: the beginning, or just after a complete checkpoint, with the
-    # step count, the learning-rate schedule (in the checkpoint) and the data position.
-    start_epoch, skip_micro_steps, tokens_seen = 0, 0, 0
-    if spec.resume_from is not None:
-        load_path, client_state = engine.load_checkpoint(spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag)
-        if load_path is None:
-            raise RuntimeError(f"could not load checkpoint {spec.resume_from.tag}")
-        start_epoch = int(client_state["epoch"])
-        skip_micro_steps = int(client_state["micro_step"]) + 1
-        tokens_seen = int(client_state.get("tokens_seen", 0))
-        logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
-    micro_batch = engine.train_micro_batch_size_per_gpu()
-    accumulation = engine.gradient_accumulation_steps()
+    # "auto" values the API could not fill: the model's hidden size (bucket sizes) now; the
+    # run's total steps (scheduler) once the data is batched.
+    inputs = AutoInputs(opts, world_size, hidden_size=hidden_size_of(model.config.to_dict()))
+    try:
+        batch_sizes = resolve_deepspeed_config(
+            without_auto(fill_auto(spec.deepspeed_config, inputs)), world_size=world_size
+        )
+    except DeepSpeedConfigError as e:
+        raise InvalidInputError(f"deepspeed_config: {e.message}") from None
+    micro_batch, accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
     loader, sampler = make_loader(
         dataset,
         micro_batch=micro_batch,
@@ -151,17 +148,37 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     if steps_per_epoch == 0:
         raise InvalidInputError(
             f"dataset has {len(dataset)} usable records, fewer than one optimizer step needs "
-            f"(train_batch_size {engine.train_batch_size()}): add records or lower train_batch_size"
+            f"(train_batch_size {batch_sizes.train_batch_size}): add records or lower train_batch_size"
         )
     total_steps = steps_per_epoch * opts.epochs
     if opts.max_steps is not None:
         total_steps = min(total_steps, opts.max_steps)
+    ds_config = fill_auto(spec.deepspeed_config, replace(inputs, total_steps=total_steps))
+    unfilled = list(auto_keys(ds_config))
+    if unfilled:
+        raise InvalidInputError(f"deepspeed_config: cannot fill 'auto' for {', '.join(unfilled)}: give values")
     events.emit(
         PlanEvent(
-            total_steps=total_steps, steps_per_epoch=steps_per_epoch, num_samples=len(dataset), world_size=world_size
+            total_steps=total_steps,
+            steps_per_epoch=steps_per_epoch,
+            num_samples=len(dataset),
+            world_size=world_size,
+            deepspeed_config=ds_config,
         )
     )
 
+    engine, _, _, _ = deepspeed.initialize(model=model, config_params=ds_config, model_parameters=model.parameters())
+    # Where this attempt starts: the beginning, or just after a complete checkpoint, with the
+    # step count, the learning-rate schedule (in the checkpoint) and the data position.
+    start_epoch, skip_micro_steps, tokens_seen = 0, 0, 0
+    if spec.resume_from is not None:
+        load_path, client_state = engine.load_checkpoint(spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag)
+        if load_path is None:
+            raise RuntimeError(f"could not load checkpoint {spec.resume_from.tag}")
+        start_epoch = int(client_state["epoch"])
+        skip_micro_steps = int(client_state["micro_step"]) + 1
+        tokens_seen = int(client_state.get("tokens_seen", 0))
+        logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
     if skip_micro_steps >= steps_per_epoch * accumulation:
         start_epoch, skip_micro_steps = start_epoch + 1, 0
 

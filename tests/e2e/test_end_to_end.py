@@ -197,3 +197,34 @@ def test_postgres_and_redis_with_separate_api_and_worker(
         assert [j["id"] for j in listed["data"]] == [job["id"]]
     finally:
         service.stop()
+
+
+def test_a_hugging_face_docs_config_with_auto_values(embedded: Tuneq, home: Path) -> None:
+    """The ZeRO-3 config from the Hugging Face docs, "auto" everywhere, on 2 ranks."""
+    from tests.shared.test_deepspeed_auto import HF_ZERO3
+
+    training = {
+        "max_steps": 10,
+        "max_seq_length": 64,
+        "micro_batch_size": 2,
+        "learning_rate": 2e-3,
+        "warmup_steps": 4,
+        "precision": "bf16",
+    }
+    # A monitor writing to a path of the user's choosing is moved under the job's run directory.
+    elsewhere = home.parent / "not-the-run-dir"
+    config = {**HF_ZERO3, "csv_monitor": {"enabled": True, "output_path": str(elsewhere), "job_name": "x"}}
+    job = embedded.submit(body(home, deepspeed_config=config, num_gpus=2, training=training))
+    assert job["resolved_deepspeed_config"]["train_batch_size"] == 4
+    assert job["resolved_deepspeed_config"]["scheduler"]["params"]["total_num_steps"] == "auto"
+    job = embedded.wait(job["id"])
+    metrics = check_succeeded(embedded, job, steps=10)
+    resolved = job["resolved_deepspeed_config"]
+    assert resolved["scheduler"]["params"]["total_num_steps"] == 10  # filled by the worker
+    assert resolved["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the tiny model's hidden size
+    rates = [m["learning_rate"] for m in metrics]
+    assert rates[0] < rates[3] and max(rates) == pytest.approx(2e-3) and rates[-1] < max(rates)  # warmup, decay
+    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
+    assert not elsewhere.exists()
+    monitor = Path(resolved["csv_monitor"]["output_path"])
+    assert monitor.is_relative_to(home / "runs" / job["id"]) and any(monitor.rglob("*.csv"))

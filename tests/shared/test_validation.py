@@ -184,3 +184,19 @@ def test_resolve_reports_deepspeeds_batch_arithmetic() -> None:
         resolve_deepspeed_config(
             {"train_batch_size": 1, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, world_size=1
         )
+
+
+def test_keys_that_reach_outside_the_run_are_refused_at_submit(
+    settings: Settings, model_dir: Path, dataset: Path
+) -> None:
+    config = {**seed_config(fp16=False), "wandb": {"enabled": True, "project": "x"}}
+    found = problems(job(model_dir, dataset, deepspeed_config=config), settings)
+    assert any(loc[:3] == ("body", "deepspeed_config", "wandb") for loc in found), found
+    config = seed_config(fp16=False)
+    config["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": "/etc"}  # type: ignore[index]
+    found = problems(job(model_dir, dataset, deepspeed_config=config), settings)
+    loc = ("body", "deepspeed_config", "zero_optimization", "offload_optimizer", "nvme_path")
+    assert loc in found, found
+    # Output paths are not refused: the worker rewrites them under the job's run directory.
+    config = {**seed_config(fp16=False), "tensorboard": {"enabled": True, "output_path": "/etc/evil"}}
+    assert problems(job(model_dir, dataset, deepspeed_config=config), settings) == {}

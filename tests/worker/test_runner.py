@@ -101,3 +101,25 @@ def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     newest = layout.newest_complete_checkpoint()
     assert newest is not None and newest.step == 20 and newest.tag == "step-00000020"
     assert RunLayout(tmp_path / "empty").newest_complete_checkpoint() is None
+
+
+def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url: str) -> None:
+    from shared.lifecycle import claim_job
+    from worker.runner import prepare_attempt
+
+    config = {**seed_config(fp16=False), "tensorboard": {"enabled": True, "output_path": "/etc/evil"}}
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config=config, num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+        claimed = claim_job(session=session, job_id=job.id, worker_id="w", lease_ttl=60)
+    assert claimed is not None
+    from shared.deepspeed_safety import sanitize_deepspeed_config
+
+    layout = RunLayout.for_job(get_settings(), job.id)
+    sanitized, unsafe = sanitize_deepspeed_config(config, run_dir=str(layout.root))
+    assert unsafe == []
+    attempt = prepare_attempt(claimed, deepspeed_config=sanitized, settings=get_settings(), worker_id="w")
+    written = json.loads(layout.spec.read_text())["deepspeed_config"]
+    assert written["tensorboard"]["output_path"].startswith(str(layout.root))
+    assert attempt.spec.resume_from is None and attempt.number == 1
