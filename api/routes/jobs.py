@@ -10,6 +10,7 @@ from sse_starlette.sse import EventSourceResponse
 from api import jobs_service
 from api.deps import SessionDep, SettingsDep
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
+from api.strict_json import StrictJSONRoute
 from shared.lifecycle import JobFinishedError
 from shared.models import (
     CheckpointPublic,
@@ -28,7 +29,7 @@ from shared.spec import JobCreate
 from shared.storage import RunLayout
 from shared.validation import JobValidationError
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 
 
 def _job_or_404(session: SessionDep, job_id: uuid.UUID) -> Job:

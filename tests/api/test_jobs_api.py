@@ -218,3 +218,17 @@ def test_logs_follow_streams_until_the_job_ends(client: TestClient, body: dict[s
     with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 2, "follow": True}) as stream:
         assert stream.headers["content-type"].startswith("text/plain")
         assert stream.read().decode() == "two\nthree\n"
+
+
+def test_duplicate_json_keys_are_refused(client: TestClient, body: dict[str, Any]) -> None:
+    import json
+
+    raw = json.dumps(body).replace('"stage": 2', '"stage": 0, "stage": 3')
+    assert '"stage": 0, "stage": 3' in raw
+    response = client.post("/jobs", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert "'stage' appears twice" in response.json()["detail"][0]["msg"]
+    assert job_count() == 0
+    assert (
+        client.post("/jobs", content=json.dumps(body), headers={"content-type": "application/json"}).status_code == 201
+    )
