@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -10,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlmodel import Session, SQLModel, create_engine
 
 from shared import models  # noqa: F401  (registers the tables on SQLModel.metadata)
@@ -41,11 +43,23 @@ def get_engine() -> Engine:
     return make_engine(get_settings().database_url)
 
 
-def init_db(settings: Settings | None = None, engine: Engine | None = None) -> None:
-    """Create the directories and the tables that do not exist yet."""
+def init_db(settings: Settings | None = None, engine: Engine | None = None, attempts: int = 5) -> None:
+    """Create the directories and the tables that do not exist yet.
+
+    An API and a worker started together may both find a table missing and both create it;
+    the loser retries, and then finds it there.
+    """
     settings = settings or get_settings()
     settings.ensure_dirs()
-    SQLModel.metadata.create_all(engine or get_engine())
+    for attempt in range(1, attempts + 1):
+        try:
+            SQLModel.metadata.create_all(engine or get_engine())
+            return
+        except (OperationalError, ProgrammingError, IntegrityError) as e:
+            if attempt == attempts:
+                raise
+            logger.info("creating tables raced another process (%s); again", type(e).__name__)
+            time.sleep(0.2 * attempt)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ broker, decides whether a delivered job runs.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from functools import lru_cache
 
@@ -73,6 +74,30 @@ def enqueue_job(job_id: uuid.UUID) -> None:
     get_celery().send_task(
         RUN_JOB_TASK, args=[str(job_id)], queue=get_settings().queue, retry=True, retry_policy=PUBLISH_RETRY
     )
+
+
+def declare_embedded_queue(attempts: int = 5) -> None:
+    """Create the job queue in the embedded SQL broker before any process uses it.
+
+    kombu's SQL transport creates a queue row on first use without guarding against a
+    second process doing the same: an API publishing its first job while a worker starts
+    consuming can both insert it, and the loser crashes. Declaring it up front, retrying
+    that one race, leaves nothing to race over. Redis needs none of this.
+    """
+    settings = get_settings()
+    if not settings.uses_embedded_broker:
+        return
+    app = get_celery()
+    for attempt in range(1, attempts + 1):
+        try:
+            with app.connection_for_write() as conn:
+                app.amqp.queues[settings.queue].bind(conn.default_channel).declare()
+            return
+        except Exception as e:  # the other process won the insert: the row exists now
+            if attempt == attempts:
+                raise
+            logger.info("declaring the broker queue raced another process (%s); again", type(e).__name__)
+            time.sleep(0.2 * attempt)
 
 
 def broker_reachable(timeout: float = 3.0) -> bool:

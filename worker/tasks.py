@@ -16,7 +16,7 @@ from celery.signals import worker_process_init, worker_ready
 
 from shared.db import init_db, session_scope
 from shared.lifecycle import register_worker, set_worker_idle, touch_worker
-from shared.queue import RUN_JOB_TASK, get_celery
+from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery
 from shared.settings import get_settings
 from worker.launcher import HostHardware, detect_hardware
 from worker.reconciler import run_reconciler
@@ -78,6 +78,7 @@ def current_hardware() -> HostHardware:
 def prepare_worker() -> None:
     """What ``tuneq worker`` does before Celery starts: tables, directories, hardware."""
     init_db()
+    declare_embedded_queue()
     current_hardware()
 
 

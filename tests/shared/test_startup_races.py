@@ -1,0 +1,25 @@
+"""Processes started together (an API and workers) create the embedded tables and broker
+queue without tripping over each other."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+STARTUP = (
+    "from shared.db import init_db; from shared.queue import declare_embedded_queue; "
+    "init_db(); declare_embedded_queue()"
+)
+
+
+def test_concurrent_first_starts_all_succeed(tmp_path: Path) -> None:
+    for round_ in range(3):
+        home = tmp_path / f"home{round_}"
+        env = {**os.environ, "TUNEQ_HOME": str(home)}
+        for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):
+            env.pop(var, None)
+        procs = [subprocess.Popen([sys.executable, "-c", STARTUP], env=env, stderr=subprocess.PIPE) for _ in range(4)]
+        results = [(p.wait(timeout=120), p.stderr.read().decode() if p.stderr else "") for p in procs]
+        assert all(code == 0 for code, _ in results), [err[-800:] for code, err in results if code]
