@@ -1,0 +1,36 @@
+"""`make demo` is `tuneq demo`: it must run the main job end to end and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_runs_the_seed_job_and_stops_the_service(tmp_path: Path) -> None:
+    env = {**os.environ, "TUNEQ_HOME": str(tmp_path / "home")}
+    for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL", "TUNEQ_ALLOWED_ROOTS"):
+        env.pop(var, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "demo"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "loss curve:" in result.stdout and "step   40" in result.stdout
+    model = next(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("fine-tuned model:"))
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(model, use_safetensors=True)
+    assert [p.pid for p in psutil.process_iter() if _home_of(p) == env["TUNEQ_HOME"]] == []
+
+
+def _home_of(process: psutil.Process) -> str | None:
+    try:
+        return process.environ().get("TUNEQ_HOME")
+    except (psutil.Error, OSError):
+        return None
