@@ -1,4 +1,5 @@
-"""The Celery side: the task (as thin as a view) and the worker's hardware registration.
+"""The Celery side: the task (as thin as a view), and in the worker's main process its
+hardware registration, heartbeat and reconciler threads.
 
 Run with ``tuneq worker`` (``celery -A worker.tasks worker``).
 """
