@@ -222,6 +222,14 @@ def unpublished_jobs(*, session: Session, older_than: datetime, live_since: date
     return list(session.exec(query).all())
 
 
+def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
+    """A delivery that was dropped unrun: the next reconciler pass publishes the job again."""
+    session.execute(
+        update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued).values(enqueued_at=None)
+    )
+    session.commit()
+
+
 def mark_published(*, session: Session, job_id: uuid.UUID) -> None:
     session.execute(update(Job).where(col(Job.id) == job_id).values(enqueued_at=utcnow()))
     session.commit()

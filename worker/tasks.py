@@ -13,10 +13,10 @@ import threading
 import uuid
 from typing import Any
 
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from shared.db import init_db, session_scope
-from shared.lifecycle import register_worker, set_worker_idle, touch_worker
+from shared.lifecycle import mark_unpublished, register_worker, set_worker_idle, touch_worker
 from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery
 from shared.settings import get_settings
 from worker.launcher import HostHardware, detect_hardware
@@ -31,6 +31,8 @@ HEARTBEAT_SECONDS = 30.0
 # Filled in the worker's main process before the pool forks, inherited by the children.
 _hardware: HostHardware | None = None
 _worker_id = f"{socket.gethostname()}:{os.getpid()}"
+# Set when the worker starts shutting down; pool children forked after it inherit it.
+_stopping = threading.Event()
 
 
 def _heartbeat(stop: threading.Event) -> None:
@@ -54,11 +56,17 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             device_count=hardware.device_count,
         )
     logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
-    stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(stop,), name="heartbeat", daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(_stopping,), name="heartbeat", daemon=True).start()
     threading.Thread(
-        target=run_reconciler, kwargs={"settings": get_settings(), "stop": stop}, name="reconciler", daemon=True
+        target=run_reconciler, kwargs={"settings": get_settings(), "stop": _stopping}, name="reconciler", daemon=True
     ).start()
+
+
+@worker_shutting_down.connect
+def _on_shutting_down(**_kwargs: Any) -> None:
+    # A job this worker released on its way down must go to another worker (or to this one
+    # after a restart), not back into a pool child Celery forks while it waits to exit.
+    _stopping.set()
 
 
 @worker_process_init.connect
@@ -85,6 +93,10 @@ def prepare_worker() -> None:
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job_task(job_id: str) -> None:
+    if _stopping.is_set():
+        with session_scope() as session:
+            mark_unpublished(session=session, job_id=uuid.UUID(job_id))  # a reconciler publishes it again
+        return
     with session_scope() as session:
         set_worker_idle(session=session, worker_id=_worker_id, idle=False)
     try:

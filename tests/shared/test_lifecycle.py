@@ -14,6 +14,7 @@ from shared.lifecycle import (
     expired_leases,
     finish_job,
     mark_published,
+    mark_unpublished,
     register_worker,
     release_job,
     renew_lease,
@@ -136,3 +137,12 @@ def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url
         set_worker_idle(session=s, worker_id="w", idle=True)
         assert lost(soon) == {never.id, published.id}  # idle since before the cutoff, yet no claim
         assert lost(utcnow() - timedelta(seconds=60)) == {never.id}  # published too recently
+
+
+def test_a_dropped_delivery_is_published_again(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        mark_published(session=s, job_id=job.id)
+        assert unpublished_jobs(session=s, older_than=utcnow() - timedelta(days=1), live_since=utcnow()) == []
+        mark_unpublished(session=s, job_id=job.id)
+        assert [j.id for j in unpublished_jobs(session=s, older_than=utcnow(), live_since=utcnow())] == [job.id]
