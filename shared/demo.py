@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ from typing import Any
 
 import httpx
 
+from shared.ports import free_port
 from shared.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.settings import get_settings
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until_healthy(client: httpx.Client, *, timeout: float = 120.0) -> None:
@@ -79,7 +73,7 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
         echo(f"building a tiny GPT-Neo in {model_dir}")
         build_tiny_model(model_dir)
     dataset = write_text_dataset(data / "train.jsonl", records=128)
-    port = port or _free_port()
+    port = port or free_port()
     echo(f"starting tuneq dev on port {port}")
     dev = subprocess.Popen([sys.executable, "-m", "shared.cli", "dev", "--port", str(port)], start_new_session=True)
     try:

@@ -80,10 +80,6 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
-def directory_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def tail_lines(path: Path, n: int, *, block: int = 64 * 1024) -> list[str]:
     """The last ``n`` lines of a text file, reading backwards so big logs cost little."""
     if n <= 0 or not path.exists():

@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from shared.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +35,6 @@ def detect_hardware() -> HostHardware:
     if facts["cuda"] and facts["n"] > 0:
         return HostHardware("cuda", int(facts["n"]))
     return HostHardware("cpu", os.cpu_count() or 1)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch_command(*, spec_path: Path, num_ranks: int, master_port: int) -> list[str]:

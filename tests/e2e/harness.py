@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from typing import Any
 import httpx
 import psutil
 
+from shared.ports import free_port
+
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Tuneq:

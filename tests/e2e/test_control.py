@@ -17,10 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.ports import free_port
 from shared.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import fresh_postgres_schema
 
-from .harness import Tuneq, free_port, wait_gone
+from .harness import Tuneq, wait_gone
 
 pytestmark = pytest.mark.slow
 
