@@ -72,6 +72,7 @@ def create_job(
         name=job_in.name,
         model=job_in.model,
         dataset=job_in.dataset,
+        validation_dataset=job_in.validation_dataset,
         deepspeed_config=job_in.deepspeed_config,
         resolved_deepspeed_config=resolved,
         num_gpus=job_in.num_gpus,

@@ -18,8 +18,11 @@ class PlanEvent(BaseModel):
     total_steps: int
     steps_per_epoch: int
     num_samples: int
+    num_rows: int | None = None  # rows per epoch: fewer than samples when packing
+    packing: bool = False
     world_size: int
     deepspeed_config: dict[str, Any] | None = None  # as run, every "auto" filled
+    dataset_stats: dict[str, Any] | None = None  # {"train": DatasetStats, "validation": ...}
 
 
 class MetricEvent(BaseModel):
@@ -31,6 +34,8 @@ class MetricEvent(BaseModel):
     epoch: float | None = None
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
+    real_token_share: float | None = None  # real tokens / (rows x padded width) in the step
+    eval_loss: float | None = None
     tokens_seen: int = 0  # real (unpadded) tokens trained on so far, across ranks and attempts
     time: str  # ISO 8601, UTC, the moment the step finished
 

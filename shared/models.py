@@ -53,6 +53,9 @@ class Job(SQLModel, table=True):
     status: JobStatus = Field(default=JobStatus.queued, index=True)
     model: str
     dataset: str
+    validation_dataset: str | None = None
+    # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
+    dataset_stats: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     # The config as run: "auto" values filled (at submit, then by the worker).
     resolved_deepspeed_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
@@ -121,6 +124,9 @@ class JobMetric(SQLModel, table=True):
     epoch: float | None = None
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
+    # Share of the step's token slots that held real tokens (the rest is padding).
+    real_token_share: float | None = None
+    eval_loss: float | None = None
     time: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
@@ -184,6 +190,8 @@ class JobPublic(SQLModel):
     status: JobStatus
     model: str
     dataset: str
+    validation_dataset: str | None
+    dataset_stats: dict[str, Any] | None
     deepspeed_config: dict[str, Any]
     resolved_deepspeed_config: dict[str, Any] | None
     num_gpus: int
@@ -220,6 +228,8 @@ class MetricPublic(SQLModel):
     epoch: float | None
     tokens_per_second: float | None
     samples_per_second: float | None
+    real_token_share: float | None
+    eval_loss: float | None
     time: UTCDateTime
 
 

@@ -22,6 +22,12 @@ SEED_DEEPSPEED_CONFIG: dict[str, object] = {
     "optimizer": {"type": "Adam", "params": {"lr": 3e-05, "betas": [0.9, 0.999], "eps": 1e-8}},
 }
 
+# A ChatML-style template, so the tiny model can train on the messages format.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 _SUBJECTS = ["the cat", "a dog", "the model", "my friend", "the engine", "a bird", "the teacher", "our team"]
 _VERBS = ["sees", "likes", "trains", "finds", "builds", "reads", "follows", "paints"]
 _OBJECTS = ["the ball", "a tree", "the data", "a song", "the river", "a book", "the light", "a plan"]
@@ -57,6 +63,30 @@ def write_text_dataset(path: Path, *, records: int = 64, seed: int = 0, vary: bo
     return path
 
 
+def write_prompt_completion_dataset(path: Path, *, records: int = 64, seed: int = 0) -> Path:
+    """Questions and answers: the completion repeats the prompt's subject, so it can be learned."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(records):
+            subject, verb, obj = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
+            f.write(json.dumps({"prompt": f"who {verb} {obj}?", "completion": f" {subject} {verb} {obj}."}) + "\n")
+    return path
+
+
+def write_messages_dataset(path: Path, *, records: int = 64, seed: int = 0) -> Path:
+    """Conversations of a system, a user and an assistant turn, sometimes two rounds."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(records):
+            messages = [{"role": "system", "content": "answer briefly."}]
+            for _ in range(rng.randint(1, 2)):
+                subject, verb, obj = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
+                messages.append({"role": "user", "content": f"who {verb} {obj}?"})
+                messages.append({"role": "assistant", "content": f"{subject} {verb} {obj}."})
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return path
+
+
 def build_tiny_model(directory: Path, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
     """A randomly initialised GPT-Neo with a BPE tokenizer trained on the sample texts."""
     import torch
@@ -68,11 +98,20 @@ def build_tiny_model(directory: Path, *, hidden_size: int = 64, layers: int = 2,
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tok_decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|endoftext|>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte, so no text is <unk>
+    )
     tokenizer.train_from_iterator(sample_texts(500, seed=seed), trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
+    fast.chat_template = CHAT_TEMPLATE
     eos_id = tokenizer.token_to_id("<|endoftext|>")
     config = GPTNeoConfig(
         vocab_size=tokenizer.get_vocab_size(),

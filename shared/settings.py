@@ -56,6 +56,11 @@ class Settings(BaseSettings):
         return self.home / "runs"
 
     @property
+    def cache_dir(self) -> Path:
+        """Downloads and tokenized datasets, keyed by content, shared by the jobs of a host."""
+        return self.home / "cache"
+
+    @property
     def allowed_root_paths(self) -> list[Path]:
         return [Path(p).expanduser().resolve() for p in self.allowed_roots.split(os.pathsep) if p]
 

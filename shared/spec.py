@@ -9,7 +9,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.dataset import DatasetFormat
 
 
 class TrainingOptions(BaseModel):
@@ -31,6 +33,22 @@ class TrainingOptions(BaseModel):
     seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Seeds data order and initialisation.")
     max_duration_seconds: int | None = Field(
         default=None, gt=0, description="Fail the job with 'timeout' once one attempt has run this long."
+    )
+    dataset_format: DatasetFormat | None = Field(
+        default=None,
+        description="text, prompt_completion or messages; detected from the first record's fields when not given.",
+    )
+    packing: bool | None = Field(
+        default=None,
+        description="Pack several samples per row up to max_seq_length; on by default for the text format.",
+    )
+    validation_split: float | None = Field(
+        default=None, gt=0, lt=0.5, description="Hold out this share of the samples for eval_loss."
+    )
+    eval_every_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Report eval_loss every N steps (and always at the end) when there is validation data.",
     )
     # Only "auto" values in the DeepSpeed config are filled from these (the Hugging Face
     # Trainer's names and defaults); numbers written in the config win.
@@ -57,7 +75,14 @@ class JobCreate(BaseModel):
         max_length=1000,
         description="A hub id like 'EleutherAI/gpt-neo-2.7B', or an absolute path to a local model directory.",
     )
-    dataset: str = Field(min_length=1, max_length=4000, description="An absolute path (or file:// URI) to JSONL.")
+    dataset: str = Field(
+        min_length=1,
+        max_length=4000,
+        description="A path, file://, s3://, https:// or hf:// URI of JSONL, JSON, CSV or Parquet.",
+    )
+    validation_dataset: str | None = Field(
+        default=None, min_length=1, max_length=4000, description="Held-out records for eval_loss, in the same format."
+    )
     deepspeed_config: dict[str, Any] = Field(
         description="A DeepSpeed config, exactly as deepspeed.initialize takes it."
     )
@@ -69,6 +94,15 @@ class JobCreate(BaseModel):
     max_restarts: int = Field(
         default=2, ge=0, le=20, description="Times a job is requeued after its worker is lost, before it fails."
     )
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> JobCreate:
+        if self.validation_dataset is not None and self.training.validation_split is not None:
+            raise ValueError(
+                "give either validation_dataset or training.validation_split, not both: the split "
+                "holds out part of the training data, the dataset is held out already"
+            )
+        return self
 
 
 class ResumePoint(BaseModel):
@@ -87,7 +121,9 @@ class TrainingSpec(BaseModel):
     resume_from: ResumePoint | None = None
     model: str
     dataset: str
+    validation_dataset: str | None = None
     deepspeed_config: dict[str, Any]
     num_gpus: int
     training: TrainingOptions
     run_dir: str
+    cache_dir: str  # tokenized datasets, shared by the jobs of this host

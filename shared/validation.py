@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from shared.dataset import DatasetError, read_text_records
+from shared.dataset import DatasetError, read_records
 from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
@@ -99,12 +99,23 @@ def check_dataset(value: str, settings: Settings) -> Path:
     if scheme and scheme != "file":
         raise ValueError(
             f"dataset URIs with '{scheme}://' are not supported yet: give an absolute path "
-            "(or file:// URI) to a JSON Lines file inside the allowed roots"
+            "(or file:// URI) to a dataset file inside the allowed roots"
         )
     path = resolve_in_allowed_roots(value, settings, what="dataset")
     if not path.is_file():
         raise ValueError(f"dataset file '{value}' does not exist")
     return path
+
+
+def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field: str) -> list[Problem]:
+    """Read a local dataset's records now, so a bad record fails the submit, not the run."""
+    try:
+        read_records(check_dataset(value, settings), dataset_format=job_in.training.dataset_format)
+    except (DatasetError, ValueError) as e:
+        return [Problem(("body", field), str(e))]
+    except OSError as e:
+        return [Problem(("body", field), f"dataset '{value}' cannot be read: {e.strerror}")]
+    return []
 
 
 def local_hidden_size(model: str) -> int | None:
@@ -140,12 +151,9 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         check_model(job_in.model, settings)
     except ValueError as e:
         problems.append(Problem(("body", "model"), str(e)))
-    try:
-        read_text_records(check_dataset(job_in.dataset, settings))
-    except DatasetError as e:
-        problems.append(Problem(("body", "dataset"), f'{e}: each line must be a JSON object with a "text" string'))
-    except ValueError as e:
-        problems.append(Problem(("body", "dataset"), str(e)))
+    problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
+    if job_in.validation_dataset is not None:
+        problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")
     resolved, auto_problems = resolve_auto_at_submit(job_in)
     problems += auto_problems
     # Keys that would read or write files, import modules or call out: refused here; the ones

@@ -100,6 +100,8 @@ class EventIngestor:
                 self._total_steps = progress["total_steps"] = event.total_steps
                 if event.deepspeed_config is not None:
                     progress["resolved_deepspeed_config"] = event.deepspeed_config
+                if event.dataset_stats is not None:
+                    progress["dataset_stats"] = event.dataset_stats
             elif isinstance(event, MetricEvent):
                 metrics[event.step] = event
                 record_event(

@@ -162,10 +162,12 @@ def prepare_attempt(job: Job, *, deepspeed_config: dict[str, Any], settings: Set
         resume_from=resume,
         model=job.model,
         dataset=job.dataset,
+        validation_dataset=job.validation_dataset,
         deepspeed_config=deepspeed_config,
         num_gpus=job.num_gpus,
         training=training,
         run_dir=str(layout.root),
+        cache_dir=str(settings.cache_dir),
     )
     write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
     return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset)

@@ -91,6 +91,27 @@ class StopRequested:
         return bool(flag.item() > 0)
 
 
+def evaluate(engine: Any, loader: Any) -> float:
+    """Mean loss per label token over the validation rows, across ranks."""
+    import torch
+    from deepspeed import comm as dist
+
+    from worker.data import IGNORE_INDEX
+
+    engine.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=engine.device)
+    with torch.no_grad():
+        for batch in loader:
+            inputs = {k: v.to(engine.device) for k, v in batch.inputs.items()}
+            labels = int((inputs["labels"][:, 1:] != IGNORE_INDEX).sum())  # the model shifts by one
+            loss = engine(**inputs).loss  # every rank runs every batch: ZeRO-3 gathers in step
+            if labels:
+                totals += torch.tensor([loss.item() * labels, labels], dtype=torch.float64, device=engine.device)
+    dist.all_reduce(totals)
+    engine.train()
+    return float(totals[0] / totals[1]) if totals[1] else float("nan")
+
+
 def train(spec: TrainingSpec, layout: RunLayout) -> None:
     import deepspeed
     import torch
@@ -98,7 +119,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from worker.checkpointing import export_model, save_checkpoint
-    from worker.data import load_text_dataset, make_loader
+    from worker.data import SampleRows, load_samples, make_loader, split_samples
 
     opts = spec.training
     deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
@@ -113,12 +134,36 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         raise InvalidInputError(f"model '{spec.model}': cannot load its tokenizer ({e})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dataset = load_text_dataset(spec.dataset, tokenizer, max_seq_length=opts.max_seq_length)
+    # Every rank asks; the first tokenizes (or finds the cache), the others then read it.
+    cache_dir = Path(spec.cache_dir)
+    samples, train_stats = load_samples(
+        spec.dataset,
+        tokenizer,
+        dataset_format=opts.dataset_format,
+        max_seq_length=opts.max_seq_length,
+        cache_dir=cache_dir,
+    )
+    validation, validation_stats = None, None
+    if spec.validation_dataset is not None:
+        validation, validation_stats = load_samples(
+            spec.validation_dataset,
+            tokenizer,
+            dataset_format=train_stats.format,
+            max_seq_length=opts.max_seq_length,
+            cache_dir=cache_dir,
+            what="validation_dataset",
+        )
+    elif opts.validation_split is not None:
+        samples, validation = split_samples(samples, opts.validation_split, seed=opts.seed)
+    packing = opts.packing if opts.packing is not None else train_stats.format == "text"
+    dataset = SampleRows(samples, packing=packing, max_seq_length=opts.max_seq_length)
 
     try:
         model = AutoModelForCausalLM.from_pretrained(spec.model, use_safetensors=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"model '{spec.model}': cannot load safetensors weights ({e})") from None
+    # No KV cache in training; transformers also keeps packed samples apart only without one.
+    model.config.use_cache = False
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and opts.max_seq_length > max_positions:
         raise InvalidInputError(
@@ -144,10 +189,24 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         seed=opts.seed,
         pad_token_id=tokenizer.pad_token_id,
     )
+    eval_loader = None
+    if validation is not None:
+        eval_rows = SampleRows(validation, packing=packing, max_seq_length=opts.max_seq_length)
+        eval_loader, _ = make_loader(
+            eval_rows,
+            micro_batch=micro_batch,
+            world_size=world_size,
+            rank=rank,
+            seed=opts.seed,
+            pad_token_id=tokenizer.pad_token_id,
+            shuffle=False,
+            drop_last=False,
+        )
     steps_per_epoch = len(loader) // accumulation
     if steps_per_epoch == 0:
+        unit = "packed rows" if packing else "usable records"
         raise InvalidInputError(
-            f"dataset has {len(dataset)} usable records, fewer than one optimizer step needs "
+            f"dataset has {len(dataset)} {unit}, fewer than one optimizer step needs "
             f"(train_batch_size {batch_sizes.train_batch_size}): add records or lower train_batch_size"
         )
     total_steps = steps_per_epoch * opts.epochs
@@ -161,9 +220,16 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         PlanEvent(
             total_steps=total_steps,
             steps_per_epoch=steps_per_epoch,
-            num_samples=len(dataset),
+            num_samples=len(samples),
+            num_rows=len(dataset),
+            packing=packing,
             world_size=world_size,
             deepspeed_config=ds_config,
+            dataset_stats={
+                "train": train_stats.model_dump(),
+                "validation": validation_stats.model_dump() if validation_stats else None,
+                "validation_samples": len(validation) if validation is not None else 0,
+            },
         )
     )
 
@@ -183,12 +249,13 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         start_epoch, skip_micro_steps = start_epoch + 1, 0
 
     device = engine.device
+    eval_every = opts.eval_every_steps
     step = engine.global_steps
     last_saved_step = step if spec.resume_from is not None else -1
     epoch = start_epoch
     micro_step = -1
-    # Per-step sums across micro-batches: loss, micro-batches, real (unpadded) tokens, samples.
-    window = torch.zeros(4, dtype=torch.float64, device=device)
+    # Per-step sums across micro-batches: loss, micro-batches, real tokens, samples, token slots.
+    window = torch.zeros(5, dtype=torch.float64, device=device)
     step_started = time.perf_counter()
     engine.train()
     for epoch in range(start_epoch, opts.epochs):
@@ -200,22 +267,24 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                 break  # a trailing partial accumulation would never reach an optimizer step
             if epoch == start_epoch and micro_step < skip_micro_steps:
                 continue  # trained on before the checkpoint this attempt resumed from
-            batch = {k: v.to(device) for k, v in batch.items()}
-            outputs = engine(**batch)
+            outputs = engine(**{k: v.to(device) for k, v in batch.inputs.items()})
             engine.backward(outputs.loss)
             engine.step()
             window += torch.tensor(
-                [outputs.loss.item(), 1.0, float(batch["attention_mask"].sum()), float(len(batch["input_ids"]))],
+                [outputs.loss.item(), 1.0, batch.real_tokens, batch.samples, batch.slots],
                 dtype=torch.float64,
                 device=device,
             )
             if engine.global_steps == step:
                 continue  # still accumulating
             step = engine.global_steps
-            if step % opts.log_every_steps == 0 or step == total_steps:
+            eval_loss = None
+            if eval_loader is not None and (step == total_steps or (eval_every and step % eval_every == 0)):
+                eval_loss = evaluate(engine, eval_loader)
+            if step % opts.log_every_steps == 0 or step == total_steps or eval_loss is not None:
                 dist.all_reduce(window)  # every rank's loss, not rank 0's alone
                 elapsed = max(time.perf_counter() - step_started, 1e-9)
-                loss_sum, micro_batches, tokens, samples = window.tolist()
+                loss_sum, micro_batches, tokens, samples_done, slots = window.tolist()
                 tokens_seen += int(tokens)
                 grad_norm = engine.get_global_grad_norm()
                 events.emit(
@@ -226,7 +295,9 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                         grad_norm=float(grad_norm) if grad_norm is not None else None,
                         epoch=epoch + (micro_step + 1) / (steps_per_epoch * accumulation),
                         tokens_per_second=tokens / elapsed,
-                        samples_per_second=samples / elapsed,
+                        samples_per_second=samples_done / elapsed,
+                        real_token_share=tokens / slots if slots else None,
+                        eval_loss=eval_loss,
                         tokens_seen=tokens_seen,
                         time=datetime.now(UTC).isoformat(),
                     )

@@ -1,0 +1,101 @@
+"""Record formats, file types, packing, validation data and the tokenized cache, end to end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.samples import (
+    build_tiny_model,
+    seed_config,
+    write_messages_dataset,
+    write_prompt_completion_dataset,
+    write_text_dataset,
+)
+
+from .harness import Tuneq
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    home = tmp_path_factory.mktemp("inputs") / "home"
+    data = home / "data"
+    build_tiny_model(data / "tiny-gpt-neo")
+    write_text_dataset(data / "text.jsonl", records=200)
+    write_prompt_completion_dataset(data / "qa.jsonl", records=60)
+    conversations = write_messages_dataset(data / "chat.jsonl", records=60)
+    rows = [json.loads(line) for line in conversations.read_text(encoding="utf-8").splitlines()]
+    pq.write_table(pa.table({"messages": [r["messages"] for r in rows[:48]]}), data / "chat-train.parquet")
+    write_messages_dataset(data / "chat-eval.jsonl", records=8, seed=5)
+    return home
+
+
+@pytest.fixture(scope="module")
+def service(home: Path) -> Iterator[Tuneq]:
+    tuneq = Tuneq(home=home).start()
+    yield tuneq
+    tuneq.stop()
+
+
+def run(service: Tuneq, home: Path, dataset: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    body = {
+        "model": str(home / "data" / "tiny-gpt-neo"),
+        "dataset": str(home / "data" / dataset),
+        "deepspeed_config": seed_config(fp16=False, train_batch_size=2, lr=1e-3),
+        **fields,
+    }
+    job = service.wait(service.submit(body)["id"], timeout=300)
+    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
+    return job, service.get(f"/jobs/{job['id']}/metrics")["data"]
+
+
+def test_prompt_completion_with_a_validation_split(service: Tuneq, home: Path) -> None:
+    training = {"max_steps": 6, "max_seq_length": 64, "validation_split": 0.2, "eval_every_steps": 3}
+    job, metrics = run(service, home, "qa.jsonl", training=training)
+    stats = job["dataset_stats"]
+    assert stats["train"]["format"] == "prompt_completion" and stats["train"]["records"] == 60
+    assert stats["validation_samples"] == 12
+    assert stats["train"]["target_tokens"] < stats["train"]["tokens"]  # the prompts are not trained on
+    evaluated = {m["step"]: m["eval_loss"] for m in metrics if m["eval_loss"] is not None}
+    assert sorted(evaluated) == [3, 6] and all(0 < loss < 20 for loss in evaluated.values())
+    assert all(0 < m["real_token_share"] <= 1 for m in metrics)
+
+
+def test_messages_from_parquet_on_two_ranks_packed_with_a_validation_file(service: Tuneq, home: Path) -> None:
+    config = seed_config(fp16=False, train_batch_size=2, zero_stage=3, lr=1e-3)
+    job, metrics = run(
+        service,
+        home,
+        "chat-train.parquet",
+        num_gpus=2,
+        deepspeed_config=config,
+        validation_dataset=str(home / "data" / "chat-eval.jsonl"),
+        training={"max_steps": 4, "max_seq_length": 128, "packing": True},
+    )
+    stats = job["dataset_stats"]
+    assert stats["train"]["format"] == "messages" and stats["train"]["records"] == 48
+    assert stats["validation"]["format"] == "messages" and stats["validation"]["records"] == 8
+    assert [m["step"] for m in metrics if m["eval_loss"] is not None] == [4]
+    assert job["total_steps"] == 4
+
+
+def test_text_is_packed_by_default_and_tokenized_once(service: Tuneq, home: Path) -> None:
+    training = {"max_steps": 5, "max_seq_length": 64}
+    job, metrics = run(service, home, "text.jsonl", training=training)
+    assert job["dataset_stats"]["train"]["cached"] is False
+    packed_share = sum(m["real_token_share"] for m in metrics) / len(metrics)
+    _, unpacked = run(service, home, "text.jsonl", training={**training, "packing": False})
+    unpacked_share = sum(m["real_token_share"] for m in unpacked) / len(unpacked)
+    assert packed_share > 0.9 > unpacked_share
+    again, _ = run(service, home, "text.jsonl", training={**training, "max_steps": 2})
+    assert again["dataset_stats"]["train"]["cached"] is True
+    assert again["dataset_stats"]["train"]["tokens"] == job["dataset_stats"]["train"]["tokens"]
