@@ -95,6 +95,7 @@ class EventType(StrEnum):
     resumed = "resumed"
     warning = "warning"
     log = "log"
+    download = "download"  # a remote dataset's download progress
 
 
 class JobEvent(SQLModel, table=True):

@@ -39,6 +39,23 @@ class Settings(BaseSettings):
     # Redis redelivers a message not acked within this; jobs run for hours, and a redelivery
     # of a claimed job is a no-op anyway, so the default is long.
     redis_visibility_timeout_seconds: int = 7 * 24 * 3600
+    # Remote datasets (shared.dataset_source). Comma-separated hosts https:// datasets may come
+    # from: "data.example.com" (port 443 only), "data.example.com:8443", "*.example.com" (any
+    # subdomain, not the apex). Empty: no https:// datasets at all.
+    allowed_https_hosts: str = ""
+    # Comma-separated CIDRs that https:// dataset hosts may resolve to although not public
+    # (e.g. "10.20.0.0/16"); link-local and cloud metadata addresses stay refused regardless.
+    allowed_private_networks: str = ""
+    # A PEM file of extra CA certificates for https:// datasets, trusted besides the system's.
+    ca_bundle: str = ""
+    # S3 endpoint for s3:// datasets (MinIO, another S3 store); empty: AWS. Credentials come
+    # from the usual AWS variables and files.
+    s3_endpoint_url: str = ""
+    # The Hugging Face Hub (or a mirror) that hf://datasets/... URIs are read from; HF_TOKEN
+    # applies to it.
+    hf_endpoint: str = "https://huggingface.co"
+    # The largest remote dataset a worker downloads.
+    max_dataset_bytes: int = 10 * 1024**3
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from shared.dataset import DatasetError, read_records
+from shared.dataset_source import parse_dataset_uri
 from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
@@ -94,13 +95,11 @@ def check_model(value: str, settings: Settings) -> None:
         )
 
 
-def check_dataset(value: str, settings: Settings) -> Path:
-    scheme = urlparse(value).scheme if "://" in value else ""
-    if scheme and scheme != "file":
-        raise ValueError(
-            f"dataset URIs with '{scheme}://' are not supported yet: give an absolute path "
-            "(or file:// URI) to a dataset file inside the allowed roots"
-        )
+def check_dataset(value: str, settings: Settings) -> Path | None:
+    """A local dataset's resolved path; None for a remote URI that passed its checks (its
+    records are checked by the worker once downloaded)."""
+    if parse_dataset_uri(value, settings) is not None:
+        return None
     path = resolve_in_allowed_roots(value, settings, what="dataset")
     if not path.is_file():
         raise ValueError(f"dataset file '{value}' does not exist")
@@ -110,7 +109,9 @@ def check_dataset(value: str, settings: Settings) -> Path:
 def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field: str) -> list[Problem]:
     """Read a local dataset's records now, so a bad record fails the submit, not the run."""
     try:
-        read_records(check_dataset(value, settings), dataset_format=job_in.training.dataset_format)
+        path = check_dataset(value, settings)
+        if path is not None:
+            read_records(path, dataset_format=job_in.training.dataset_format)
     except (DatasetError, ValueError) as e:
         return [Problem(("body", field), str(e))]
     except OSError as e:

@@ -39,6 +39,7 @@ from shared.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.storage import RunLayout, tail_lines, write_json_atomic
 from shared.validation import FP16_NEEDS_CUDA
 from worker.ingest import EventIngestor
+from worker.inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import HostHardware, launch_ranks, stop_ranks
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,32 @@ class Ending:
     message: str
 
 
+class AttemptEnded(Exception):
+    """The attempt lost its lease, or its job was cancelled, before its ranks started."""
+
+    def __init__(self, *, cancelled: bool) -> None:
+        super().__init__("cancelled" if cancelled else "lost its lease")
+        self.cancelled = cancelled
+
+
+class LeaseKeeper:
+    """Renews an attempt's lease every third of its lifetime; in between, reads the status."""
+
+    def __init__(self, *, job_id: uuid.UUID, worker_id: str, attempt: int, settings: Settings) -> None:
+        self.job_id, self.worker_id, self.attempt = job_id, worker_id, attempt
+        self.ttl = settings.lease_ttl_seconds
+        self.last_renewal = time.monotonic()
+
+    def status(self, session: Any) -> JobStatus | None:
+        """The job's status; None once this attempt has lost the job."""
+        if time.monotonic() - self.last_renewal < self.ttl / 3:
+            return job_status(session=session, job_id=self.job_id)
+        self.last_renewal = time.monotonic()
+        return renew_lease(
+            session=session, job_id=self.job_id, worker_id=self.worker_id, attempt=self.attempt, lease_ttl=self.ttl
+        )
+
+
 @dataclass
 class Attempt:
     """One claimed attempt of a job, and what it needs to run."""
@@ -147,7 +174,45 @@ def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
     return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=newest.tag, step=newest.step)
 
 
-def prepare_attempt(job: Job, *, deepspeed_config: dict[str, Any], settings: Settings, worker_id: str) -> Attempt:
+def fetch_inputs(job: Job, *, settings: Settings, lease: LeaseKeeper) -> dict[str, str | None]:
+    """Local paths for the job's datasets, downloading remote ones while keeping the lease
+    and recording progress events. Raises InputProblem, or AttemptEnded on a cancel."""
+
+    def report(progress: DownloadProgress) -> None:
+        with session_scope() as session:
+            record_event(
+                session,
+                job_id=job.id,
+                type=EventType.download,
+                data={
+                    "field": progress.field,
+                    "uri": progress.uri,
+                    "bytes_done": progress.bytes_done,
+                    "bytes_total": progress.bytes_total,
+                    "finished": progress.finished,
+                },
+            )
+            session.commit()
+            status = lease.status(session)
+        if status is None or status == JobStatus.cancelling:
+            raise AttemptEnded(cancelled=status is not None)
+
+    dataset_format = TrainingOptions.model_validate(job.training).dataset_format
+    paths: dict[str, str | None] = {"dataset": job.dataset, "validation_dataset": job.validation_dataset}
+    for field, value in paths.items():
+        if value is not None:
+            paths[field] = local_dataset(field, value, dataset_format=dataset_format, settings=settings, report=report)
+    return paths
+
+
+def prepare_attempt(
+    job: Job,
+    *,
+    deepspeed_config: dict[str, Any],
+    datasets: dict[str, str | None],
+    settings: Settings,
+    worker_id: str,
+) -> Attempt:
     """Write spec.json with the config as it will run; on a restart, resume from the newest
     complete checkpoint."""
     layout = RunLayout.for_job(settings, job.id)
@@ -161,8 +226,8 @@ def prepare_attempt(job: Job, *, deepspeed_config: dict[str, Any], settings: Set
         attempt=job.attempts,
         resume_from=resume,
         model=job.model,
-        dataset=job.dataset,
-        validation_dataset=job.validation_dataset,
+        dataset=datasets["dataset"] or job.dataset,
+        validation_dataset=datasets["validation_dataset"],
         deepspeed_config=deepspeed_config,
         num_gpus=job.num_gpus,
         training=training,
@@ -190,15 +255,43 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         if problem:
             finish_job(session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=problem)
             return
-    attempt = prepare_attempt(job, deepspeed_config=config, settings=settings, worker_id=worker_id)
     previous = signal.signal(signal.SIGTERM, _raise_stopping)
     try:
-        _supervise(attempt, settings=settings, hardware=hardware)
+        lease = LeaseKeeper(job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings)
+        try:
+            datasets = fetch_inputs(job, settings=settings, lease=lease)
+        except InputProblem as e:
+            _finish(job.id, JobStatus.failed, ErrorCode.invalid_input, str(e))
+            return
+        except AttemptEnded as e:
+            logger.info("job %s attempt %d %s while downloading its datasets", job.id, job.attempts, e)
+            if e.cancelled:
+                _finish(job.id, JobStatus.cancelled, ErrorCode.cancelled, "cancelled while downloading its dataset")
+            return
+        except WorkerStopping:
+            _release(job.id, job.attempts, reason="the worker running this job was stopped")
+            raise SystemExit(0) from None
+        except Exception:
+            logger.exception("job %s: fetching its datasets failed", job.id)
+            message = (
+                "the dataset could not be downloaded (the store or the network failed); the worker log has details"
+            )
+            _finish(job.id, JobStatus.failed, ErrorCode.internal_error, message)
+            return
+        attempt = prepare_attempt(
+            job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id
+        )
+        _supervise(attempt, settings=settings, hardware=hardware, lease=lease)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware) -> None:
+def _finish(job_id: uuid.UUID, status: JobStatus, code: ErrorCode, message: str) -> None:
+    with session_scope() as session:
+        finish_job(session=session, job_id=job_id, status=status, error_code=code, error_message=message)
+
+
+def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, lease: LeaseKeeper) -> None:
     job_id, layout = attempt.job_id, attempt.layout
     logger.info(
         "job %s attempt %d: starting %d ranks on %s",
@@ -220,23 +313,10 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware) 
             cwd=layout.root,
         )
         started = time.monotonic()
-        renew_every = settings.lease_ttl_seconds / 3
-        last_renewal = started
         with session_scope() as session:
             while process.poll() is None:
                 ingestor.poll(session)
-                status: JobStatus | None
-                if time.monotonic() - last_renewal >= renew_every:
-                    status = renew_lease(
-                        session=session,
-                        job_id=job_id,
-                        worker_id=attempt.worker_id,
-                        attempt=attempt.number,
-                        lease_ttl=settings.lease_ttl_seconds,
-                    )
-                    last_renewal = time.monotonic()
-                else:
-                    status = job_status(session=session, job_id=job_id)
+                status = lease.status(session)
                 if status is None:
                     logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
                     stop_ranks(process, grace_seconds=0)
@@ -281,7 +361,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware) 
         logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
         if process is not None:
             stop_ranks(process, grace_seconds=STOP_GRACE_SECONDS)
-        _release(attempt, reason="the worker running this job was stopped")
+        _release(attempt.job_id, attempt.number, reason="the worker running this job was stopped")
         raise SystemExit(0) from None
     except Exception:
         logger.exception("job %s: the worker failed while running it", job_id)
@@ -297,12 +377,8 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware) 
             )
 
 
-def _release(attempt: Attempt, *, reason: str) -> None:
+def _release(job_id: uuid.UUID, number: int, *, reason: str) -> None:
     with session_scope() as session:
-        job = session.get(Job, attempt.job_id, populate_existing=True)
-        if (
-            job is not None
-            and job.attempts == attempt.number
-            and job.status in (JobStatus.running, JobStatus.cancelling)
-        ):
+        job = session.get(Job, job_id, populate_existing=True)
+        if job is not None and job.attempts == number and job.status in (JobStatus.running, JobStatus.cancelling):
             release_job(session=session, job=job, reason=reason)

@@ -39,23 +39,49 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture(scope="module")
-def service(home: Path) -> Iterator[Tuneq]:
-    tuneq = Tuneq(home=home).start()
+def s3_endpoint(home: Path) -> Iterator[str]:
+    """A real S3 API on loopback (moto's server), holding one good and one bad dataset."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items() if "KEY" in k})
+    client.create_bucket(Bucket="corpus")
+    client.upload_file(str(home / "data" / "qa.jsonl"), "corpus", "sets/qa.jsonl")
+    client.put_object(
+        Bucket="corpus", Key="sets/bad.jsonl", Body=b'{"prompt": "q", "completion": "a"}\n{"prompt": 1}\n'
+    )
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def service(home: Path, s3_endpoint: str) -> Iterator[Tuneq]:
+    tuneq = Tuneq(home=home, env={**S3_ENV, "TUNEQ_S3_ENDPOINT_URL": s3_endpoint}).start()
     yield tuneq
     tuneq.stop()
 
 
 def run(service: Tuneq, home: Path, dataset: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    body = {
+    job = service.wait(service.submit(body(home, dataset, **fields))["id"], timeout=300)
+    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
+    return job, service.get(f"/jobs/{job['id']}/metrics")["data"]
+
+
+def body(home: Path, dataset: str, **fields: Any) -> dict[str, Any]:
+    return {
         "model": str(home / "data" / "tiny-gpt-neo"),
-        "dataset": str(home / "data" / dataset),
+        "dataset": dataset if "://" in dataset else str(home / "data" / dataset),
         "deepspeed_config": seed_config(fp16=False, train_batch_size=2, lr=1e-3),
         **fields,
     }
-    job = service.wait(service.submit(body)["id"], timeout=300)
-    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
-    return job, service.get(f"/jobs/{job['id']}/metrics")["data"]
 
 
 def test_prompt_completion_with_a_validation_split(service: Tuneq, home: Path) -> None:
@@ -99,3 +125,24 @@ def test_text_is_packed_by_default_and_tokenized_once(service: Tuneq, home: Path
     again, _ = run(service, home, "text.jsonl", training={**training, "max_steps": 2})
     assert again["dataset_stats"]["train"]["cached"] is True
     assert again["dataset_stats"]["train"]["tokens"] == job["dataset_stats"]["train"]["tokens"]
+
+
+def test_s3_dataset_is_downloaded_once_with_progress_and_bad_records_fail_fast(service: Tuneq, home: Path) -> None:
+    training = {"max_steps": 3, "max_seq_length": 64}
+    job, _ = run(service, home, "s3://corpus/sets/qa.jsonl", training=training)
+    assert job["dataset_stats"]["train"]["records"] == 60
+    events = service.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+    downloads = [e["data"] for e in events if e["type"] == "download"]
+    assert downloads[-1]["finished"] and downloads[-1]["bytes_done"] == (home / "data" / "qa.jsonl").stat().st_size
+    assert downloads[-1]["uri"] == "s3://corpus/sets/qa.jsonl"
+    # A second job finds the download and the tokenized data in the caches.
+    again, _ = run(service, home, "s3://corpus/sets/qa.jsonl", training=training)
+    assert again["dataset_stats"]["train"]["cached"] is True
+
+    bad = service.wait(service.submit(body(home, "s3://corpus/sets/bad.jsonl", training=training))["id"], timeout=120)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "invalid_input"
+    assert 'line 2 field "prompt" must be a string' in bad["error"]["message"]
+    assert bad["started_at"] is not None and not (Path(service.home) / "runs" / bad["id"] / "train.log").exists()
+    missing = service.wait(service.submit(body(home, "s3://corpus/sets/nope.jsonl"))["id"], timeout=120)
+    assert missing["status"] == "failed" and missing["error"]["code"] == "invalid_input"
+    assert "nope.jsonl" in missing["error"]["message"]

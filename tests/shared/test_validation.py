@@ -101,7 +101,9 @@ def test_dataset_symlink_out_of_the_roots_is_refused(
 def test_dataset_rules(settings: Settings, tuneq_home: Path, model_dir: Path) -> None:
     missing = problems(job(model_dir, tuneq_home / "data" / "nope.jsonl"), settings)
     assert "does not exist" in missing[("body", "dataset")]
-    assert "not supported yet" in problems(job(model_dir, "s3://bucket/key.jsonl"), settings)[("body", "dataset")]
+    assert problems(job(model_dir, "s3://bucket/key.jsonl"), settings) == {}  # checked once downloaded
+    assert "'gs:' are not supported" in problems(job(model_dir, "gs://bucket/key.jsonl"), settings)[("body", "dataset")]
+    assert "chains protocols" in problems(job(model_dir, "simplecache::s3://b/k.jsonl"), settings)[("body", "dataset")]
     assert "absolute" in problems(job(model_dir, "data/train.jsonl"), settings)[("body", "dataset")]
     directory = problems(job(model_dir, tuneq_home / "data"), settings)
     assert "does not exist" in directory[("body", "dataset")]

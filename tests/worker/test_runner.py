@@ -119,7 +119,13 @@ def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url
     layout = RunLayout.for_job(get_settings(), job.id)
     sanitized, unsafe = sanitize_deepspeed_config(config, run_dir=str(layout.root))
     assert unsafe == []
-    attempt = prepare_attempt(claimed, deepspeed_config=sanitized, settings=get_settings(), worker_id="w")
+    attempt = prepare_attempt(
+        claimed,
+        deepspeed_config=sanitized,
+        datasets={"dataset": claimed.dataset, "validation_dataset": None},
+        settings=get_settings(),
+        worker_id="w",
+    )
     written = json.loads(layout.spec.read_text())["deepspeed_config"]
     assert written["tensorboard"]["output_path"].startswith(str(layout.root))
     assert attempt.spec.resume_from is None and attempt.number == 1
