@@ -71,6 +71,7 @@ def create_job(
     job = Job(
         name=job_in.name,
         model=job_in.model,
+        revision=job_in.revision,
         dataset=job_in.dataset,
         validation_dataset=job_in.validation_dataset,
         deepspeed_config=job_in.deepspeed_config,

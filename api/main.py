@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.plan_service import shutdown_plan_executor
 from api.routes import health, jobs
 from shared.db import init_db
 from shared.deepspeed_config import known_top_level_keys
@@ -32,6 +33,7 @@ async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     declare_embedded_queue()
     threading.Thread(target=_warm_deepspeed_parser, name="warm-deepspeed", daemon=True).start()
     yield
+    shutdown_plan_executor()
 
 
 def create_app() -> FastAPI:

@@ -1,4 +1,4 @@
-"""The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``demo``.
+"""The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``migrate``, ``demo``.
 
 The API and the worker are named by import string here, so ``shared`` never imports them
 at module level.
@@ -29,6 +29,30 @@ STOP_TIMEOUT_SECONDS = 30.0
 def _configure_logging() -> None:
     level = os.environ.get("TUNEQ_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic announces its plugins and dialect at INFO on every start; tuneq logs what it migrates.
+    root = logging.getLogger().level
+    if root > logging.DEBUG:
+        logging.getLogger("alembic").setLevel(max(logging.WARNING, root))
+
+
+def _prepare_database() -> None:
+    """The embedded default migrates itself; any other database must be migrated already.
+
+    Refuses (exit 1, the reason on stderr, no traceback) when it is not, or cannot be reached.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from shared.db import DatabaseNotMigrated, display_url, init_db
+
+    try:
+        init_db()
+    except DatabaseNotMigrated as e:
+        typer.echo(f"tuneq: {e}", err=True)
+        raise typer.Exit(1) from None
+    except OperationalError as e:
+        url = display_url(get_settings().database_url)
+        typer.echo(f"tuneq: cannot reach the database at {url}: {e.orig or e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -37,6 +61,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     import uvicorn
 
     _configure_logging()
+    _prepare_database()
     uvicorn.run("api.main:app", host=host, port=port, log_level="info", access_log=False)
 
 
@@ -46,6 +71,7 @@ def worker() -> None:
     import importlib
 
     _configure_logging()
+    _prepare_database()
     tasks = importlib.import_module("worker.tasks")
     tasks.prepare_worker()
     settings = get_settings()
@@ -88,9 +114,7 @@ def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
 def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run the API and a worker together on the embedded default. Ctrl-C stops everything."""
     _configure_logging()
-    from shared.db import init_db
-
-    init_db()  # once, before two processes race to create the same tables
+    _prepare_database()  # once, before the two processes start (they would take turns anyway)
     me = [sys.executable, "-m", "shared.cli"]
     children = [
         subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),
@@ -114,6 +138,31 @@ def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
         time.sleep(0.5)
     _stop_all(children)
     raise typer.Exit(code)
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database (TUNEQ_DATABASE_URL) to the newest schema and print its revision."""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import OperationalError
+
+    from shared.db import DatabaseNotMigrated, display_url, migrate_database
+
+    _configure_logging()
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.getLogger().level)  # "Running upgrade ..."
+    url = display_url(get_settings().database_url)
+    try:
+        revision = migrate_database()
+    except CommandError as e:  # e.g. a revision this tuneq does not know: a newer one migrated it
+        typer.echo(f"tuneq: cannot migrate the database at {url}: {e}", err=True)
+        raise typer.Exit(1) from None
+    except DatabaseNotMigrated as e:  # tables from before migrations that are not the first revision's
+        typer.echo(f"tuneq: {e}", err=True)
+        raise typer.Exit(1) from None
+    except OperationalError as e:
+        typer.echo(f"tuneq: cannot reach the database at {url}: {e.orig or e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"the database at {url} is at revision {revision} (head)")
 
 
 @app.command()

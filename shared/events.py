@@ -22,6 +22,8 @@ class PlanEvent(BaseModel):
     packing: bool = False
     world_size: int
     deepspeed_config: dict[str, Any] | None = None  # as run, every "auto" filled
+    # "partitioned": built under ZeRO-3's zero.Init, no rank ever held the whole model.
+    model_load: Literal["full", "partitioned"] = "full"
     dataset_stats: dict[str, Any] | None = None  # {"train": DatasetStats, "validation": ...}
 
 
@@ -45,7 +47,7 @@ class CheckpointEvent(BaseModel):
 
     type: Literal["checkpoint"] = "checkpoint"
     step: int
-    kind: Literal["deepspeed", "model"]
+    kind: Literal["deepspeed", "model", "adapter"]
     uri: str
     bytes: int
     time: str

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
-from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -52,6 +52,7 @@ class Job(SQLModel, table=True):
     name: str | None = Field(default=None, max_length=200)
     status: JobStatus = Field(default=JobStatus.queued, index=True)
     model: str
+    revision: str | None = None  # of a hub model
     dataset: str
     validation_dataset: str | None = None
     # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
@@ -70,7 +71,7 @@ class Job(SQLModel, table=True):
     total_steps: int | None = None
     latest_metrics: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     epoch: float | None = None
-    tokens_seen: int = 0
+    tokens_seen: int = Field(default=0, sa_type=BigInteger)
     eta_seconds: float | None = None
     error_code: str | None = None
     error_message: str | None = None
@@ -82,8 +83,8 @@ class Job(SQLModel, table=True):
     max_restarts: int = 2
     # How far the worker has ingested the current attempt's events file and the training log,
     # committed with the rows they produced: a resumed attempt picks up exactly there.
-    events_offset: int = 0
-    log_offset: int = 0
+    events_offset: int = Field(default=0, sa_type=BigInteger)
+    log_offset: int = Field(default=0, sa_type=BigInteger)
     idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
     request_fingerprint: str | None = None
 
@@ -96,6 +97,7 @@ class EventType(StrEnum):
     warning = "warning"
     log = "log"
     download = "download"  # a remote dataset's download progress
+    plan = "plan"  # what the ranks found once model and data were loaded: steps, rows, model load
 
 
 class JobEvent(SQLModel, table=True):
@@ -134,6 +136,7 @@ class JobMetric(SQLModel, table=True):
 class CheckpointKind(StrEnum):
     deepspeed = "deepspeed"  # the engine's own checkpoint (resumable)
     model = "model"  # a Hugging Face model directory (safetensors + tokenizer)
+    adapter = "adapter"  # a peft LoRA adapter directory (adapter_model.safetensors + tokenizer)
 
 
 class Checkpoint(SQLModel, table=True):
@@ -147,7 +150,7 @@ class Checkpoint(SQLModel, table=True):
     step: int
     kind: CheckpointKind
     uri: str
-    bytes: int
+    bytes: int = Field(sa_type=BigInteger)  # checkpoints of large models pass 2 GiB
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
@@ -190,6 +193,7 @@ class JobPublic(SQLModel):
     name: str | None
     status: JobStatus
     model: str
+    revision: str | None
     dataset: str
     validation_dataset: str | None
     dataset_stats: dict[str, Any] | None

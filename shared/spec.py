@@ -7,11 +7,28 @@ the filesystem, DeepSpeed or the deployment's hardware live in ``shared.validati
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from shared.dataset import DatasetFormat
+
+
+class LoraOptions(BaseModel):
+    """Low-rank adapters (peft): only the adapters train; the base model stays frozen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(default=8, ge=1, le=1024, description="Rank of the adapter matrices.")
+    alpha: int = Field(default=16, ge=1, description="Scale: the update is multiplied by alpha / r.")
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$", max_length=200)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Names of the linear layers to adapt, e.g. ['q_proj', 'v_proj']; default: peft's choice "
+        "for the model type.",
+    )
+    merge: bool = Field(default=False, description="Also export the base model with the adapter merged into it.")
 
 
 class TrainingOptions(BaseModel):
@@ -45,6 +62,7 @@ class TrainingOptions(BaseModel):
     validation_split: float | None = Field(
         default=None, gt=0, lt=0.5, description="Hold out this share of the samples for eval_loss."
     )
+    lora: LoraOptions | None = Field(default=None, description="Train LoRA adapters instead of every weight.")
     eval_every_steps: int | None = Field(
         default=None,
         gt=0,
@@ -74,6 +92,13 @@ class JobCreate(BaseModel):
         min_length=1,
         max_length=1000,
         description="A hub id like 'EleutherAI/gpt-neo-2.7B', or an absolute path to a local model directory.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="Branch, tag or commit of a hub model; the default branch when not given.",
     )
     dataset: str = Field(
         min_length=1,
@@ -120,6 +145,7 @@ class TrainingSpec(BaseModel):
     attempt: int = 1
     resume_from: ResumePoint | None = None
     model: str
+    revision: str | None = None
     dataset: str
     validation_dataset: str | None = None
     deepspeed_config: dict[str, Any]

@@ -51,6 +51,10 @@ class RunLayout:
     def model_dir(self) -> Path:
         return self.root / "model"
 
+    @property
+    def adapter_dir(self) -> Path:
+        return self.root / "adapter"
+
     def checkpoint_tag(self, step: int) -> str:
         return f"step-{step:08d}"
 

@@ -152,6 +152,13 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         check_model(job_in.model, settings)
     except ValueError as e:
         problems.append(Problem(("body", "model"), str(e)))
+    if job_in.revision is not None and is_local_reference(job_in.model):
+        problems.append(
+            Problem(
+                ("body", "revision"),
+                "revision applies to hub models only; a local directory is used as it is: drop revision",
+            )
+        )
     problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
     if job_in.validation_dataset is not None:
         problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")

@@ -77,18 +77,25 @@ def redis_url() -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tuneq_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test that takes this runs on the embedded SQLite and on a real Postgres."""
+def empty_database_url(request: pytest.FixtureRequest, tuneq_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty database (SQLite file, or a fresh Postgres schema), as TUNEQ_DATABASE_URL."""
     if request.param == "sqlite":
         url = f"sqlite:///{tuneq_home / 'tuneq.sqlite'}"
     else:
         url = fresh_postgres_schema(request.getfixturevalue("postgres_url"))
     monkeypatch.setenv("TUNEQ_DATABASE_URL", url)
     clear_caches()
-    from shared.db import init_db
-
-    init_db()
     return url
+
+
+@pytest.fixture
+def database_url(empty_database_url: str) -> str:
+    """Each test that takes this runs on the embedded SQLite and on a real Postgres, migrated to head."""
+    from shared.db import init_db, migrate_database
+
+    migrate_database(empty_database_url)  # the schema comes from the migrations, as in production
+    init_db()
+    return empty_database_url
 
 
 @pytest.fixture(scope="session")

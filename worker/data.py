@@ -9,90 +9,24 @@ first token of a sample is not a label, so no sample learns from the one before 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from shared.dataset import DatasetError, DatasetFormat
-from shared.tokenized import DatasetStats, TokenizationError, TokenizedSamples, prepare_tokenized
-from shared.validation import local_path
-from worker.errors import InvalidInputError
+from shared.tokenized import TokenizedSamples
 
 IGNORE_INDEX = -100  # transformers' label value for "no loss here"
 
 
-def load_samples(
-    dataset: str,
-    tokenizer: Any,
-    *,
-    dataset_format: DatasetFormat | None,
-    max_seq_length: int,
-    cache_dir: Path,
-    what: str = "dataset",
-) -> tuple[TokenizedSamples, DatasetStats]:
-    """Tokenized samples from the cache, or tokenized now; user errors as InvalidInputError."""
-    try:
-        samples, stats = prepare_tokenized(
-            local_path(dataset),
-            tokenizer,
-            dataset_format=dataset_format,
-            max_seq_length=max_seq_length,
-            cache_root=cache_dir / "tokenized",
-        )
-    except (DatasetError, TokenizationError) as e:
-        raise InvalidInputError(f"{what}: {e}") from None
-    except OSError as e:
-        raise InvalidInputError(f"{what} '{dataset}' cannot be read: {e.strerror}") from None
-    if len(samples) == 0:
-        raise InvalidInputError(f"{what}: no record has anything to train on (two or more tokens, a target token)")
-    return samples, stats
-
-
-def split_samples(samples: TokenizedSamples, share: float, *, seed: int) -> tuple[TokenizedSamples, TokenizedSamples]:
-    """(train, validation): a seeded random ``share`` of the samples held out, the same on every rank."""
-    order = np.random.default_rng(seed).permutation(len(samples))
-    held_out = max(1, round(len(samples) * share))
-    if held_out >= len(samples):
-        raise InvalidInputError(
-            f"training.validation_split {share} of {len(samples)} samples leaves nothing to train on: lower it"
-        )
-    return samples.select(np.sort(order[held_out:])), samples.select(np.sort(order[:held_out]))
-
-
-def pack_rows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Group sample indices into rows of at most ``capacity`` tokens: best fit, longest first.
-
-    ``free[c]`` lists the open rows with exactly c tokens of room, so each sample finds the
-    tightest row by scanning room sizes upward from its own length.
-    """
-    free: list[list[int]] = [[] for _ in range(capacity + 1)]
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for index in np.argsort(-lengths, kind="stable"):
-        length = int(lengths[index])
-        target = next((c for c in range(length, capacity + 1) if free[c]), None)
-        if target is None:
-            rows.append([])
-            room.append(capacity)
-            row = len(rows) - 1
-        else:
-            row = free[target].pop()
-        rows[row].append(int(index))
-        room[row] -= length
-        free[room[row]].append(row)
-    return rows
-
-
 class SampleRows(Dataset[list[tuple[np.ndarray, np.ndarray]]]):
-    """Rows of samples: one sample per row, or several packed."""
+    """Rows of samples: one sample per row, or several packed (``shared.training_data``)."""
 
-    def __init__(self, samples: TokenizedSamples, *, packing: bool, max_seq_length: int) -> None:
+    def __init__(self, samples: TokenizedSamples, rows: list[list[int]], *, packing: bool) -> None:
         self.samples = samples
         self.packing = packing
-        self.rows = pack_rows(samples.lengths, max_seq_length) if packing else [[i] for i in range(len(samples))]
+        self.rows = rows
 
     def __len__(self) -> int:
         return len(self.rows)

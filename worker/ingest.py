@@ -102,6 +102,12 @@ class EventIngestor:
                     progress["resolved_deepspeed_config"] = event.deepspeed_config
                 if event.dataset_stats is not None:
                     progress["dataset_stats"] = event.dataset_stats
+                record_event(
+                    session,
+                    job_id=self.job_id,
+                    type=EventType.plan,
+                    data=event.model_dump(exclude={"type", "deepspeed_config", "dataset_stats"}),
+                )
             elif isinstance(event, MetricEvent):
                 metrics[event.step] = event
                 record_event(

@@ -67,11 +67,17 @@ def rank_environment(hardware: HostHardware, *, num_ranks: int, worker_pid: int)
 
 
 def launch_ranks(
-    *, spec_path: Path, num_ranks: int, hardware: HostHardware, log_path: Path, cwd: Path
+    *,
+    spec_path: Path,
+    num_ranks: int,
+    hardware: HostHardware,
+    log_path: Path,
+    cwd: Path,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the launcher in its own session, so it and every rank form one process group."""
     cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=free_port())
-    env = rank_environment(hardware, num_ranks=num_ranks, worker_pid=os.getpid())
+    env = {**rank_environment(hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **(env or {})}
     logger.info("launching %s", " ".join(cmd))
     with log_path.open("ab") as log:
         return subprocess.Popen(

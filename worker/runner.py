@@ -226,6 +226,7 @@ def prepare_attempt(
         attempt=job.attempts,
         resume_from=resume,
         model=job.model,
+        revision=job.revision,
         dataset=datasets["dataset"] or job.dataset,
         validation_dataset=datasets["validation_dataset"],
         deepspeed_config=deepspeed_config,
@@ -311,6 +312,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
             hardware=hardware,
             log_path=layout.log,
             cwd=layout.root,
+            env={"HF_ENDPOINT": settings.hf_endpoint},  # hub models come from where hf:// datasets do
         )
         started = time.monotonic()
         with session_scope() as session:

@@ -116,10 +116,14 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     import deepspeed
     import torch
     from deepspeed import comm as dist
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers import set_seed
 
-    from worker.checkpointing import export_model, save_checkpoint
-    from worker.data import SampleRows, load_samples, make_loader, split_samples
+    from shared.dataset import DatasetError
+    from shared.tokenized import TokenizationError
+    from shared.training_data import count_steps_per_epoch, count_total_steps, load_training_data
+    from worker.checkpointing import export_adapter, export_model, save_checkpoint
+    from worker.data import SampleRows, make_loader
+    from worker.model_loading import load_model, load_tokenizer
 
     opts = spec.training
     deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
@@ -128,42 +132,28 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     stop = StopRequested()
     set_seed(opts.seed)
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.model, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"model '{spec.model}': cannot load its tokenizer ({e})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(spec)
     # Every rank asks; the first tokenizes (or finds the cache), the others then read it.
-    cache_dir = Path(spec.cache_dir)
-    samples, train_stats = load_samples(
-        spec.dataset,
-        tokenizer,
-        dataset_format=opts.dataset_format,
-        max_seq_length=opts.max_seq_length,
-        cache_dir=cache_dir,
-    )
-    validation, validation_stats = None, None
-    if spec.validation_dataset is not None:
-        validation, validation_stats = load_samples(
-            spec.validation_dataset,
-            tokenizer,
-            dataset_format=train_stats.format,
-            max_seq_length=opts.max_seq_length,
-            cache_dir=cache_dir,
-            what="validation_dataset",
-        )
-    elif opts.validation_split is not None:
-        samples, validation = split_samples(samples, opts.validation_split, seed=opts.seed)
-    packing = opts.packing if opts.packing is not None else train_stats.format == "text"
-    dataset = SampleRows(samples, packing=packing, max_seq_length=opts.max_seq_length)
-
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec.model, use_safetensors=True, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"model '{spec.model}': cannot load safetensors weights ({e})") from None
-    # No KV cache in training; transformers also keeps packed samples apart only without one.
-    model.config.use_cache = False
+        data = load_training_data(
+            dataset=Path(spec.dataset),
+            validation_dataset=Path(spec.validation_dataset) if spec.validation_dataset else None,
+            options=opts,
+            tokenizer=tokenizer,
+            cache_dir=Path(spec.cache_dir),
+        )
+    except (DatasetError, TokenizationError) as e:
+        raise InvalidInputError(str(e)) from None
+    packing = data.packing
+    dataset = SampleRows(data.train, data.rows, packing=packing)
+
+    # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
+    early_config = without_auto(fill_auto(spec.deepspeed_config, AutoInputs(opts, world_size)))
+    try:
+        batch_sizes = resolve_deepspeed_config(early_config, world_size=world_size)
+    except DeepSpeedConfigError as e:
+        raise InvalidInputError(f"deepspeed_config: {e.message}") from None
+    model, model_load = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and opts.max_seq_length > max_positions:
         raise InvalidInputError(
@@ -174,12 +164,6 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     # "auto" values the API could not fill: the model's hidden size (bucket sizes) now; the
     # run's total steps (scheduler) once the data is batched.
     inputs = AutoInputs(opts, world_size, hidden_size=hidden_size_of(model.config.to_dict()))
-    try:
-        batch_sizes = resolve_deepspeed_config(
-            without_auto(fill_auto(spec.deepspeed_config, inputs)), world_size=world_size
-        )
-    except DeepSpeedConfigError as e:
-        raise InvalidInputError(f"deepspeed_config: {e.message}") from None
     micro_batch, accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
     loader, sampler = make_loader(
         dataset,
@@ -190,10 +174,9 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     eval_loader = None
-    if validation is not None:
-        eval_rows = SampleRows(validation, packing=packing, max_seq_length=opts.max_seq_length)
+    if data.validation is not None and data.validation_rows is not None:
         eval_loader, _ = make_loader(
-            eval_rows,
+            SampleRows(data.validation, data.validation_rows, packing=packing),
             micro_batch=micro_batch,
             world_size=world_size,
             rank=rank,
@@ -202,16 +185,17 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
             shuffle=False,
             drop_last=False,
         )
-    steps_per_epoch = len(loader) // accumulation
+    steps_per_epoch = count_steps_per_epoch(
+        len(dataset), world_size=world_size, micro_batch=micro_batch, accumulation=accumulation
+    )
+    assert steps_per_epoch == len(loader) // accumulation  # the plan endpoint counts the same way
     if steps_per_epoch == 0:
         unit = "packed rows" if packing else "usable records"
         raise InvalidInputError(
             f"dataset has {len(dataset)} {unit}, fewer than one optimizer step needs "
             f"(train_batch_size {batch_sizes.train_batch_size}): add records or lower train_batch_size"
         )
-    total_steps = steps_per_epoch * opts.epochs
-    if opts.max_steps is not None:
-        total_steps = min(total_steps, opts.max_steps)
+    total_steps = count_total_steps(steps_per_epoch, opts)
     ds_config = fill_auto(spec.deepspeed_config, replace(inputs, total_steps=total_steps))
     unfilled = list(auto_keys(ds_config))
     if unfilled:
@@ -220,25 +204,28 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         PlanEvent(
             total_steps=total_steps,
             steps_per_epoch=steps_per_epoch,
-            num_samples=len(samples),
+            num_samples=len(data.train),
             num_rows=len(dataset),
             packing=packing,
             world_size=world_size,
             deepspeed_config=ds_config,
-            dataset_stats={
-                "train": train_stats.model_dump(),
-                "validation": validation_stats.model_dump() if validation_stats else None,
-                "validation_samples": len(validation) if validation is not None else 0,
-            },
+            model_load=model_load,
+            dataset_stats=data.stats(),
         )
     )
 
-    engine, _, _, _ = deepspeed.initialize(model=model, config_params=ds_config, model_parameters=model.parameters())
+    # Only what trains gets optimizer state: with LoRA, the adapters.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, config_params=ds_config, model_parameters=trainable)
+    lora = opts.lora is not None
     # Where this attempt starts: the beginning, or just after a complete checkpoint, with the
     # step count, the learning-rate schedule (in the checkpoint) and the data position.
     start_epoch, skip_micro_steps, tokens_seen = 0, 0, 0
     if spec.resume_from is not None:
-        load_path, client_state = engine.load_checkpoint(spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag)
+        # A LoRA checkpoint holds the adapters only; the frozen base comes from the model.
+        load_path, client_state = engine.load_checkpoint(
+            spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag, load_module_strict=not lora
+        )
         if load_path is None:
             raise RuntimeError(f"could not load checkpoint {spec.resume_from.tag}")
         start_epoch = int(client_state["epoch"])
@@ -306,7 +293,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                 step_started = time.perf_counter()
             position = {"step": step, "epoch": epoch, "micro_step": micro_step, "tokens_seen": tokens_seen}
             if opts.checkpoint_every_steps and step % opts.checkpoint_every_steps == 0 and step < total_steps:
-                save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position)
+                save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position, frozen=not lora)
                 last_saved_step = step
             if step >= total_steps:
                 break
@@ -317,8 +304,11 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
 
     if last_saved_step != step:
         position = {"step": step, "epoch": epoch, "micro_step": micro_step, "tokens_seen": tokens_seen}
-        save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position)
-    export_model(engine, tokenizer, layout=layout, step=step, events=events)
+        save_checkpoint(engine, layout=layout, step=step, events=events, client_state=position, frozen=not lora)
+    if lora:
+        export_adapter(engine, tokenizer, spec=spec, layout=layout, step=step, events=events)
+    else:
+        export_model(engine, tokenizer, layout=layout, step=step, events=events)
     events.close()
     dist.barrier()
 

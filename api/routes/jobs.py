@@ -7,7 +7,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.responses import StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 
-from api import jobs_service
+from api import jobs_service, plan_service
 from api.deps import SessionDep, SettingsDep
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
@@ -25,6 +25,7 @@ from shared.models import (
     MetricPublic,
     MetricsPublic,
 )
+from shared.plan import JobPlan
 from shared.spec import JobCreate
 from shared.storage import RunLayout
 from shared.validation import JobValidationError
@@ -67,6 +68,17 @@ def create_job(
     if not created:
         response.status_code = status.HTTP_200_OK
     return JobPublic.from_job(job)
+
+
+@router.post("/plan", response_model=JobPlan)
+def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep) -> JobPlan:
+    """Validate a job and work out what it would do (dataset statistics, steps, memory per
+    device) without running it. Same body and same 422 answers as ``POST /jobs``."""
+    try:
+        return plan_service.plan_job(session=session, job_in=job_in, settings=settings)
+    except JobValidationError as e:
+        detail = [{"type": "value_error", "loc": list(p.loc), "msg": p.message} for p in e.problems]
+        raise HTTPException(status_code=422, detail=detail) from None
 
 
 @router.get("", response_model=JobsPublic)

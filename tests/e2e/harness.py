@@ -45,8 +45,22 @@ class Tuneq:
         self.processes.append(process)
         return process
 
+    def migrate(self) -> None:
+        """``tuneq migrate``, as a deployment runs it before starting ``serve`` and ``worker``."""
+        with self.log.open("ab") as home_log:
+            subprocess.run(
+                [sys.executable, "-m", "shared.cli", "migrate"],
+                env=self.env,
+                stdout=home_log,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=120,
+            )
+
     def start(self, *, timeout: float = 120, workers: int = 1, ready: str = "/readyz") -> Tuneq:
         self.home.mkdir(parents=True, exist_ok=True)
+        if not self.env.get("TUNEQ_DATABASE_URL", "sqlite").startswith("sqlite"):
+            self.migrate()  # only the embedded default migrates itself
         if self.split:
             self._spawn("serve", "--port", str(self.port))
             for _ in range(workers):

@@ -112,6 +112,10 @@ def test_messages_from_parquet_on_two_ranks_packed_with_a_validation_file(servic
     assert stats["validation"]["format"] == "messages" and stats["validation"]["records"] == 8
     assert [m["step"] for m in metrics if m["eval_loss"] is not None] == [4]
     assert job["total_steps"] == 4
+    events = service.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+    [plan] = [e["data"] for e in events if e["type"] == "plan"]
+    # ZeRO-3 built the model partitioned (zero.Init through HfDeepSpeedConfig): no rank held it whole.
+    assert plan["model_load"] == "partitioned" and plan["world_size"] == 2 and plan["packing"] is True
 
 
 def test_text_is_packed_by_default_and_tokenized_once(service: Tuneq, home: Path) -> None:
@@ -146,3 +150,49 @@ def test_s3_dataset_is_downloaded_once_with_progress_and_bad_records_fail_fast(s
     missing = service.wait(service.submit(body(home, "s3://corpus/sets/nope.jsonl"))["id"], timeout=120)
     assert missing["status"] == "failed" and missing["error"]["code"] == "invalid_input"
     assert "nope.jsonl" in missing["error"]["message"]
+
+
+def test_plan_matches_the_run_that_follows(service: Tuneq, home: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    request = body(
+        home,
+        "qa.jsonl",
+        deepspeed_config={**seed_config(fp16=False, train_batch_size=4), "gradient_accumulation_steps": 2},
+        training={"epochs": 2, "max_seq_length": 64, "validation_split": 0.25, "packing": True},
+    )
+    jobs_before = service.get("/jobs")["count"]
+    answer = service.client.post("/jobs/plan", json=request)
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()
+    assert service.get("/jobs")["count"] == jobs_before  # a plan makes no job
+    model = AutoModelForCausalLM.from_pretrained(home / "data" / "tiny-gpt-neo")
+    assert plan["parameters"] == plan["trainable_parameters"] == sum(p.numel() for p in model.parameters())
+    assert (plan["train_batch_size"], plan["micro_batch_per_gpu"], plan["gradient_accumulation_steps"]) == (4, 2, 2)
+    # ZeRO-2 with the optimizer on the CPU: DeepSpeed's estimator says 2 bytes per parameter on the device.
+    assert plan["memory"]["zero_stage"] == 2 and plan["memory"]["offload_optimizer"] is True
+    assert plan["memory"]["per_device_bytes"] == 2 * plan["parameters"]
+
+    job = service.wait(service.submit(request)["id"], timeout=300)
+    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
+    events = service.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+    [ran] = [e["data"] for e in events if e["type"] == "plan"]
+    assert plan["total_steps"] == job["total_steps"] == job["step"] == 2 * plan["steps_per_epoch"]
+    assert plan["steps_per_epoch"] == ran["steps_per_epoch"]
+    assert plan["resolved_deepspeed_config"] == job["resolved_deepspeed_config"]
+    stats = job["dataset_stats"]
+    assert stats["train"]["cached"] is True  # the plan tokenized it; the run found it in the cache
+    for part in ("train", "validation"):
+        if stats[part] is not None:
+            stats[part]["cached"] = plan["dataset_stats"][part]["cached"]
+    assert plan["dataset_stats"] == stats
+
+
+def test_plan_refuses_what_the_run_would(service: Tuneq, home: Path) -> None:
+    bad_lora = body(home, "qa.jsonl", training={"lora": {"target_modules": ["nope"]}})
+    answer = service.client.post("/jobs/plan", json=bad_lora)
+    assert answer.status_code == 422
+    [problem] = answer.json()["detail"]
+    assert problem["loc"] == ["body", "training", "lora"] and "q_proj" in problem["msg"]
+    missing = service.client.post("/jobs/plan", json=body(home, "nope.jsonl"))
+    assert missing.status_code == 422 and "does not exist" in missing.text

@@ -1,5 +1,6 @@
-"""Processes started together (an API and workers) create the embedded tables and broker
-queue without tripping over each other."""
+"""Processes started together (an API and workers) migrate the embedded database and create
+the broker queue without tripping over each other (tests/shared/test_migrations.py checks the
+migrated schema)."""
 
 from __future__ import annotations
 

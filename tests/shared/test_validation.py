@@ -66,6 +66,12 @@ def test_hub_ids(settings: Settings, dataset: Path) -> None:
     assert "hub id" in problems(job("a/b/c", dataset), settings)[("body", "model")]
 
 
+def test_revision_is_for_hub_models(settings: Settings, model_dir: Path, dataset: Path) -> None:
+    assert problems(job("EleutherAI/gpt-neo-125m", dataset, revision="v1.0"), settings) == {}
+    message = problems(job(model_dir, dataset, revision="main"), settings)[("body", "revision")]
+    assert "hub models only" in message
+
+
 def test_model_outside_allowed_roots(settings: Settings, tmp_path: Path, dataset: Path) -> None:
     outside = tmp_path / "elsewhere"
     outside.mkdir()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from shared.tokenized import TokenizedSamples
-from worker.data import IGNORE_INDEX, RowCollator, SampleRows, make_loader, pack_rows, split_samples
+from shared.training_data import pack_rows, rows_of, split_samples
+from worker.data import IGNORE_INDEX, RowCollator, SampleRows, make_loader
 
 
 def samples_of(*sequences: list[int], targets: list[list[int]] | None = None) -> TokenizedSamples:
@@ -35,7 +36,7 @@ def test_pack_rows_fits_every_sample_once_within_capacity() -> None:
 
 def test_collator_packs_with_restarting_positions_and_no_cross_sample_labels() -> None:
     samples = samples_of([5, 6, 7], [8, 9], targets=[[0, 1, 1], [1, 1]])
-    rows = SampleRows(samples, packing=True, max_seq_length=8)
+    rows = SampleRows(samples, rows_of(samples, packing=True, max_seq_length=8), packing=True)
     assert rows.rows == [[0, 1]]
     batch = RowCollator(pad_token_id=0, packing=True)([rows[0], [samples.sample(1)]])
     assert batch.inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9], [8, 9, 0, 0, 0]]
@@ -48,7 +49,7 @@ def test_collator_packs_with_restarting_positions_and_no_cross_sample_labels() -
 
 def test_collator_without_packing_pads_with_a_mask() -> None:
     samples = samples_of([5, 6, 7], [8, 9])
-    rows = SampleRows(samples, packing=False, max_seq_length=8)
+    rows = SampleRows(samples, rows_of(samples, packing=False, max_seq_length=8), packing=False)
     batch = RowCollator(pad_token_id=0, packing=False)([rows[0], rows[1]])
     assert batch.inputs["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch.inputs["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [IGNORE_INDEX, 9, IGNORE_INDEX]]
@@ -75,7 +76,7 @@ def test_packed_samples_do_not_attend_to_each_other(tiny_model_template: Path) -
 def test_every_rank_gets_the_same_number_of_batches(packing: bool) -> None:
     rng = np.random.default_rng(1)
     samples = samples_of(*[list(range(2, 2 + int(n))) for n in rng.integers(2, 30, size=37)])
-    rows = SampleRows(samples, packing=packing, max_seq_length=32)
+    rows = SampleRows(samples, rows_of(samples, packing=packing, max_seq_length=32), packing=packing)
     counts = set()
     for rank in range(2):
         loader, _ = make_loader(rows, micro_batch=2, world_size=2, rank=rank, seed=0, pad_token_id=0)

@@ -64,9 +64,10 @@ def test_events_become_rows_each_step_once(database_url: str, tmp_path: Path) ->
         rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
         assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 1.2)]
         stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
-    kinds = [(e.type, e.data.get("step", e.data.get("line"))) for e in stream]
+    kinds = [(e.type, e.data.get("step", e.data.get("line", e.data.get("total_steps")))) for e in stream]
     assert kinds == [
         ("log", "loaded 100%"),
+        ("plan", 5),
         ("metric", 1),
         ("log", "half a line"),
         ("metric", 2),  # the stream shows what was reported; /metrics keeps the last report per step

@@ -1,0 +1,81 @@
+"""``POST /jobs/plan``, worked out in a child process.
+
+Tokenizing a dataset takes seconds to minutes of CPU and memory in proportion to the data;
+in the API process it would hold the GIL and slow every other request. The child is started
+on the first plan and kept (spawned, not forked: the API's threads and database connections
+must not be copied into it). Plans run one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from sqlmodel import Session
+
+from api.jobs_service import deployment_hardware
+from shared.plan import JobPlan, PlanProblems, compute_plan
+from shared.settings import Settings
+from shared.spec import JobCreate
+from shared.validation import JobValidationError, validate_job_request
+
+logger = logging.getLogger(__name__)
+
+PLAN_TIMEOUT_SECONDS = 600.0
+
+_lock = threading.Lock()
+_executor: ProcessPoolExecutor | None = None
+
+
+def _plan_executor() -> ProcessPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return _executor
+
+
+def _reset_executor() -> None:
+    global _executor
+    with _lock:
+        if _executor is not None:
+            _executor.shutdown(wait=False, cancel_futures=True)
+        _executor = None
+
+
+def shutdown_plan_executor() -> None:
+    """At API shutdown: no child outlives the server."""
+    _reset_executor()
+
+
+def _plan_in_child(job_json: str, deepspeed_config: dict[str, Any], settings_json: str) -> dict[str, Any]:
+    logging.basicConfig(level=logging.INFO)
+    job_in = JobCreate.model_validate_json(job_json)
+    settings = Settings.model_validate_json(settings_json)
+    try:
+        return {"plan": compute_plan(job_in, deepspeed_config, settings).model_dump(mode="json")}
+    except PlanProblems as e:
+        return {"problems": [{"loc": list(p.loc), "message": p.message} for p in e.problems]}
+
+
+def plan_job(*, session: Session, job_in: JobCreate, settings: Settings) -> JobPlan:
+    """Validate as ``POST /jobs`` does, then work the plan out. Raises JobValidationError."""
+    from shared.validation import Problem
+
+    hardware = deployment_hardware(session=session, settings=settings)
+    resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
+    future: Future[dict[str, Any]] = _plan_executor().submit(
+        _plan_in_child, job_in.model_dump_json(), resolved, settings.model_dump_json()
+    )
+    try:
+        answer = future.result(timeout=PLAN_TIMEOUT_SECONDS)
+    except BrokenProcessPool:
+        _reset_executor()  # the child died (e.g. out of memory); the next plan starts a new one
+        raise
+    if "problems" in answer:
+        raise JobValidationError([Problem(tuple(p["loc"]), p["message"]) for p in answer["problems"]])
+    return JobPlan.model_validate(answer["plan"])
