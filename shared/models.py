@@ -55,6 +55,8 @@ class Job(SQLModel, table=True):
     revision: str | None = None  # of a hub model
     dataset: str
     validation_dataset: str | None = None
+    # Another job's DeepSpeed checkpoint this job starts from: {"job_id", "step"}.
+    resume_from: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
     dataset_stats: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
@@ -196,6 +198,7 @@ class JobPublic(SQLModel):
     revision: str | None
     dataset: str
     validation_dataset: str | None
+    resume_from: dict[str, Any] | None
     dataset_stats: dict[str, Any] | None
     deepspeed_config: dict[str, Any]
     resolved_deepspeed_config: dict[str, Any] | None
