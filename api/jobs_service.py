@@ -14,12 +14,12 @@ from sqlmodel import Session, col, select
 
 from shared.job_events import list_events
 from shared.lifecycle import mark_published, record_event, request_cancel
-from shared.models import Checkpoint, EventType, Job, JobEvent, JobMetric, JobStatus, Worker, utcnow
+from shared.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, Worker, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
-from shared.spec import JobCreate
-from shared.storage import RunLayout, tail_lines
-from shared.validation import Hardware, validate_job_request
+from shared.spec import JobCreate, TrainingOptions
+from shared.storage import CheckpointManifest, RunLayout, tail_lines
+from shared.validation import Hardware, JobValidationError, Problem, validate_job_request
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,11 @@ def request_fingerprint(job_in: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _job_for_key(session: Session, key: str, fingerprint: str) -> Job | None:
+def _job_for_key(session: Session, key: str, fingerprint: str, owner: str) -> Job | None:
     job = session.exec(select(Job).where(Job.idempotency_key == key)).first()
+    if job is not None and job.owner != owner:
+        # Keys are unique across owners; say nothing about the other owner's job.
+        raise IdempotencyConflictError(f"Idempotency-Key '{key}' is already in use: use a new key for a new job")
     if job is not None and job.request_fingerprint != fingerprint:
         raise IdempotencyConflictError(
             f"Idempotency-Key '{key}' was already used for job {job.id} with a different body: "
@@ -55,25 +58,107 @@ def _job_for_key(session: Session, key: str, fingerprint: str) -> Job | None:
     return job
 
 
-def create_job(
-    *, session: Session, job_in: JobCreate, settings: Settings, idempotency_key: str | None = None
-) -> tuple[Job, bool]:
-    """Validate, store and enqueue; ``(job, created)``.
+def resume_from_problems(*, session: Session, job_in: JobCreate, settings: Settings, owner: str) -> list[Problem]:
+    """Check ``resume_from``, and pin its step (the newest checkpoint, when not given).
 
-    Raises JobValidationError (no row is created) or IdempotencyConflictError. The same key
-    and body return the job created the first time.
+    The other job must have a complete DeepSpeed checkpoint there, and train the same model
+    the same way (full or LoRA with the same adapters): a checkpoint holds that model's
+    weights (or adapters) and optimizer state, nothing else.
+    """
+    start = job_in.resume_from
+    if start is None:
+        return []
+    loc: tuple[str | int, ...] = ("body", "resume_from")
+    source = get_job(session=session, job_id=start.job_id, owner=owner)  # another owner's: not found
+    if source is None:
+        return [Problem((*loc, "job_id"), f"job {start.job_id} not found")]
+    layout = RunLayout.for_job(settings, source.id)
+    steps = [
+        c.step
+        for c in session.exec(
+            select(Checkpoint).where(Checkpoint.job_id == source.id, Checkpoint.kind == CheckpointKind.deepspeed)
+        ).all()
+        if CheckpointManifest.read(layout.checkpoints_dir / layout.checkpoint_tag(c.step)) is not None
+    ]
+    if not steps:
+        return [Problem((*loc, "job_id"), f"job {source.id} has no complete DeepSpeed checkpoint to start from")]
+    if start.step is None:
+        start.step = max(steps)
+    elif start.step not in steps:
+        shown = ", ".join(map(str, sorted(steps)))
+        return [
+            Problem((*loc, "step"), f"job {source.id} has no DeepSpeed checkpoint at step {start.step}: it has {shown}")
+        ]
+    problems = []
+    if (source.model, source.revision) != (job_in.model, job_in.revision):
+        problems.append(
+            Problem(
+                ("body", "model"),
+                f"resume_from job {source.id} trained '{source.model}'"
+                + (f" at revision {source.revision}" if source.revision else "")
+                + ": a checkpoint holds that model's weights, so give the same model and revision",
+            )
+        )
+    source_lora = TrainingOptions.model_validate(source.training).lora
+    if source_lora != job_in.training.lora:
+        problems.append(
+            Problem(
+                ("body", "training", "lora"),
+                f"resume_from job {source.id} trained "
+                + (f"LoRA adapters {source_lora.model_dump()}" if source_lora else "every weight (no LoRA)")
+                + ": give the same training.lora so its checkpoint fits this model",
+            )
+        )
+    return problems
+
+
+class ActiveJobLimitError(Exception):
+    """The owner already has as many queued, running and cancelling jobs as allowed."""
+
+    def __init__(self, *, owner: str, active: int, limit: int) -> None:
+        super().__init__(
+            f"owner '{owner}' has {active} active jobs (queued, running or cancelling) and may have at most "
+            f"{limit} (TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER): wait for one to end, or cancel one"
+        )
+        self.active = active
+        self.limit = limit
+
+
+ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+
+
+def active_job_count(*, session: Session, owner: str) -> int:
+    query = select(func.count()).select_from(Job).where(Job.owner == owner, col(Job.status).in_(ACTIVE_STATUSES))
+    return int(session.exec(query).one())
+
+
+def create_job(
+    *, session: Session, job_in: JobCreate, settings: Settings, owner: str, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Validate, store and enqueue ``owner``'s job; ``(job, created)``.
+
+    Raises JobValidationError (no row is created), IdempotencyConflictError or
+    ActiveJobLimitError. The same key and body return the job created the first time.
+    Idempotency keys are per owner: another owner's key is a new job.
     """
     fingerprint = request_fingerprint(job_in)
-    if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint)):
+    if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint, owner)):
         return existing, False
+    limit = settings.max_active_jobs_per_owner
+    if limit and (active := active_job_count(session=session, owner=owner)) >= limit:
+        raise ActiveJobLimitError(owner=owner, active=active, limit=limit)
     hardware = deployment_hardware(session=session, settings=settings)
     resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
+    if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
+        raise JobValidationError(problems)
     job = Job(
+        owner=owner,
         name=job_in.name,
         model=job_in.model,
         revision=job_in.revision,
         dataset=job_in.dataset,
         validation_dataset=job_in.validation_dataset,
+        resume_from=job_in.resume_from.model_dump(mode="json") if job_in.resume_from else None,
         deepspeed_config=job_in.deepspeed_config,
         resolved_deepspeed_config=resolved,
         num_gpus=job_in.num_gpus,
@@ -89,7 +174,7 @@ def create_job(
     except IntegrityError:
         # Two requests with one key raced; the other one created the job.
         session.rollback()
-        if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint)):
+        if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint, owner)):
             return existing, False
         raise
     session.refresh(job)
@@ -111,13 +196,19 @@ def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: i
     return list_events(session=session, job_id=job_id, after=after, limit=limit)
 
 
-def get_job(*, session: Session, job_id: uuid.UUID) -> Job | None:
-    return session.get(Job, job_id)
+def get_job(*, session: Session, job_id: uuid.UUID, owner: str) -> Job | None:
+    """``owner``'s job, or None: another owner's job is not found, exactly like a missing one.
+
+    Every lookup of a job on a caller's behalf goes through here."""
+    job = session.get(Job, job_id)
+    return job if job is not None and job.owner == owner else None
 
 
-def list_jobs(*, session: Session, status: JobStatus | None, skip: int, limit: int) -> tuple[list[Job], int]:
-    query = select(Job)
-    count_query = select(func.count()).select_from(Job)
+def list_jobs(
+    *, session: Session, owner: str, status: JobStatus | None, skip: int, limit: int
+) -> tuple[list[Job], int]:
+    query = select(Job).where(Job.owner == owner)
+    count_query = select(func.count()).select_from(Job).where(Job.owner == owner)
     if status is not None:
         query = query.where(Job.status == status)
         count_query = count_query.where(Job.status == status)

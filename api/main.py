@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.auth import BodySizeLimit
 from api.plan_service import shutdown_plan_executor
 from api.routes import health, jobs
 from shared.db import init_db
@@ -38,6 +39,7 @@ async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
 
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
     app.include_router(health.router)
     app.include_router(jobs.router)
     return app

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from api.jobs_service import deployment_hardware
+from api.jobs_service import deployment_hardware, resume_from_problems
 from shared.plan import JobPlan, PlanProblems, compute_plan
 from shared.settings import Settings
 from shared.spec import JobCreate
@@ -62,12 +62,14 @@ def _plan_in_child(job_json: str, deepspeed_config: dict[str, Any], settings_jso
         return {"problems": [{"loc": list(p.loc), "message": p.message} for p in e.problems]}
 
 
-def plan_job(*, session: Session, job_in: JobCreate, settings: Settings) -> JobPlan:
+def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: str) -> JobPlan:
     """Validate as ``POST /jobs`` does, then work the plan out. Raises JobValidationError."""
     from shared.validation import Problem
 
     hardware = deployment_hardware(session=session, settings=settings)
     resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
+    if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
+        raise JobValidationError(problems)
     future: Future[dict[str, Any]] = _plan_executor().submit(
         _plan_in_child, job_in.model_dump_json(), resolved, settings.model_dump_json()
     )

@@ -1,4 +1,5 @@
-"""The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``migrate``, ``demo``.
+"""The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``migrate``, ``demo``,
+and the HTTP client's ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``download`` (``shared.client``).
 
 The API and the worker are named by import string here, so ``shared`` never imports them
 at module level.
@@ -14,10 +15,12 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from types import FrameType
 
 import typer
 
+from shared.client import register as register_client_commands
 from shared.settings import get_settings
 
 app = typer.Typer(help="tuneq: fine-tune language models with DeepSpeed, as jobs.", no_args_is_help=True)
@@ -55,12 +58,35 @@ def _prepare_database() -> None:
         raise typer.Exit(1) from None
 
 
+def _resolve_auth(host: str) -> None:
+    """Settle TUNEQ_AUTH for an API on ``host``: "auto" is off on loopback, on elsewhere; "off"
+    anywhere but loopback refuses to start (exit 1, one line). The app reads the result."""
+    from shared.api_keys import is_loopback
+
+    auth = get_settings().auth
+    if auth == "off" and not is_loopback(host):
+        typer.echo(
+            f"tuneq: TUNEQ_AUTH=off is allowed only when the API listens on loopback (127.0.0.1, ::1, localhost), "
+            f"not on {host}: leave auth on and create keys with `tuneq keys create --owner NAME`",
+            err=True,
+        )
+        raise typer.Exit(1)
+    if auth == "auto":
+        os.environ["TUNEQ_AUTH"] = "off" if is_loopback(host) else "on"
+        get_settings.cache_clear()
+    if get_settings().auth_required:
+        logger.info("the API requires keys (Authorization: Bearer); create them with `tuneq keys create`")
+    else:
+        logger.info("the API runs without keys (TUNEQ_AUTH off, on loopback): every job belongs to 'local'")
+
+
 @app.command()
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the HTTP API (uvicorn)."""
+    """Run the HTTP API (uvicorn). Off loopback it requires API keys (TUNEQ_AUTH)."""
     import uvicorn
 
     _configure_logging()
+    _resolve_auth(host)
     _prepare_database()
     uvicorn.run("api.main:app", host=host, port=port, log_level="info", access_log=False)
 
@@ -114,6 +140,7 @@ def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
 def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run the API and a worker together on the embedded default. Ctrl-C stops everything."""
     _configure_logging()
+    _resolve_auth(host)  # refuse here, before starting anything; `serve` settles it again
     _prepare_database()  # once, before the two processes start (they would take turns anyway)
     me = [sys.executable, "-m", "shared.cli"]
     children = [
@@ -165,6 +192,76 @@ def migrate() -> None:
     typer.echo(f"the database at {url} is at revision {revision} (head)")
 
 
+keys_app = typer.Typer(
+    help="API keys (run where the server runs: these talk to TUNEQ_DATABASE_URL directly).", no_args_is_help=True
+)
+app.add_typer(keys_app, name="keys")
+
+
+def _keys_database() -> None:
+    """Keys live in the same database as the jobs: migrated as for `serve`, or refuse."""
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    _prepare_database()
+
+
+@keys_app.command("create")
+def keys_create(owner: str = typer.Option(..., help="Who the key's jobs belong to.")) -> None:
+    """Create a key for OWNER and print it, once: only its hash is stored."""
+    from shared.api_keys import InvalidOwner, create_key
+    from shared.db import session_scope
+
+    _keys_database()
+    try:
+        with session_scope() as session:
+            row, key = create_key(session=session, owner=owner)
+    except InvalidOwner as e:
+        typer.echo(f"tuneq: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(key)
+    typer.echo(
+        f"key {row.id} for owner {row.owner}: send it as 'Authorization: Bearer <key>'; it is not shown again",
+        err=True,
+    )
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """The keys: id, owner, created, last used, revoked."""
+    from shared.api_keys import list_keys
+    from shared.db import session_scope
+
+    _keys_database()
+    with session_scope() as session:
+        rows = list_keys(session=session)
+
+    def when(value: datetime | None) -> str:
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
+
+    table = [("ID", "OWNER", "CREATED", "LAST USED", "REVOKED")]
+    table += [(r.id, r.owner, when(r.created_at), when(r.last_used_at), when(r.revoked_at)) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: str = typer.Argument(..., metavar="ID", help="The key's id, as `tuneq keys list` shows it."),
+) -> None:
+    """Revoke a key: requests with it get 401 from now on. Its owner's jobs stay."""
+    from shared.api_keys import revoke_key
+    from shared.db import session_scope
+
+    _keys_database()
+    with session_scope() as session:
+        row = revoke_key(session=session, key_id=key_id)
+    if row is None:
+        typer.echo(f"tuneq: no key {key_id} (see `tuneq keys list`)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"key {row.id} of owner {row.owner} is revoked")
+
+
 @app.command()
 def demo(port: int = 0) -> None:
     """Build a tiny model and dataset, run the seed job on `tuneq dev`, print the loss curve."""
@@ -172,6 +269,9 @@ def demo(port: int = 0) -> None:
 
     _configure_logging()
     raise typer.Exit(run_demo(port=port, echo=typer.echo))
+
+
+register_client_commands(app)
 
 
 def main() -> None:

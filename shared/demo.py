@@ -87,7 +87,8 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
                 "dataset": str(dataset),
                 "deepspeed_config": seed_config(fp16=has_gpu, lr=1e-3),
                 "num_gpus": 1,
-                "training": {"max_steps": 40, "max_seq_length": 64, "checkpoint_every_steps": 20},
+                # Packed, the 128 short records fill about 40 rows: a few epochs give 40 steps.
+                "training": {"epochs": 5, "max_steps": 40, "max_seq_length": 64, "checkpoint_every_steps": 20},
             }
             response = client.post("/jobs", json=body)
             if response.status_code != 201:

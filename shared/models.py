@@ -45,10 +45,19 @@ class ErrorCode(StrEnum):
     internal_error = "internal_error"  # tuneq itself failed
 
 
+# The owner of every job while the API runs without keys (TUNEQ_AUTH=off), and of the jobs
+# created before tuneq had keys.
+LOCAL_OWNER = "local"
+
+
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    # Who submitted it (an API key's owner): other owners' requests never see it.
+    owner: str = Field(
+        default=LOCAL_OWNER, max_length=200, index=True, sa_column_kwargs={"server_default": LOCAL_OWNER}
+    )
     name: str | None = Field(default=None, max_length=200)
     status: JobStatus = Field(default=JobStatus.queued, index=True)
     model: str
@@ -174,6 +183,19 @@ class Worker(SQLModel, table=True):
     )
 
 
+class ApiKey(SQLModel, table=True):
+    """An API key: only its SHA-256 is stored; the key itself is shown once, at creation."""
+
+    __tablename__ = "api_keys"
+
+    id: str = Field(primary_key=True, max_length=32)  # public, also inside the key: tq_<id>_<secret>
+    owner: str = Field(max_length=200, index=True)
+    key_hash: str = Field(unique=True, max_length=64)  # sha256 hex of the whole key
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_used_at: datetime | None = _timestamp()
+    revoked_at: datetime | None = _timestamp()
+
+
 # ---- public shapes ---------------------------------------------------------------------
 
 
@@ -192,6 +214,7 @@ class JobError(SQLModel):
 
 class JobPublic(SQLModel):
     id: uuid.UUID
+    owner: str
     name: str | None
     status: JobStatus
     model: str

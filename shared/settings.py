@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +57,14 @@ class Settings(BaseSettings):
     hf_endpoint: str = "https://huggingface.co"
     # The largest remote dataset a worker downloads.
     max_dataset_bytes: int = 10 * 1024**3
+    # API keys (``Authorization: Bearer``): "on", "off" (every job belongs to owner "local"; only
+    # when the API listens on loopback), or "auto": `tuneq serve`/`dev` turn it off on a loopback
+    # --host and on otherwise; an app served any other way requires keys.
+    auth: Literal["auto", "on", "off"] = "auto"
+    # Queued, running and cancelling jobs one owner may have at once (0: no limit); past it 429.
+    max_active_jobs_per_owner: int = Field(default=8, ge=0)
+    # The largest request body the API reads; past it 413, before the body is parsed.
+    max_request_bytes: int = Field(default=1024**2, ge=1)
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
@@ -80,6 +89,11 @@ class Settings(BaseSettings):
     @property
     def allowed_root_paths(self) -> list[Path]:
         return [Path(p).expanduser().resolve() for p in self.allowed_roots.split(os.pathsep) if p]
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether the API asks for an API key. `tuneq serve` resolves "auto" from its --host first."""
+        return self.auth != "off"
 
     @property
     def uses_embedded_database(self) -> bool:

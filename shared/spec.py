@@ -83,6 +83,22 @@ class TrainingOptions(BaseModel):
     precision: Literal["fp32", "fp16", "bf16"] = Field(default="fp32", description="Fills fp16/bf16 enabled: auto.")
 
 
+class ResumeFrom(BaseModel):
+    """Start from another job's DeepSpeed checkpoint: its weights and optimizer state.
+
+    This job's own steps, learning-rate schedule and data start from the beginning; the
+    other job may have run on another number of ranks (the checkpoint is then converted to
+    DeepSpeed's universal format first).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: uuid.UUID
+    step: int | None = Field(
+        default=None, ge=1, description="A step with a DeepSpeed checkpoint; default: that job's newest."
+    )
+
+
 class JobCreate(BaseModel):
     """Body of ``POST /jobs``."""
 
@@ -115,6 +131,7 @@ class JobCreate(BaseModel):
         default=1, ge=1, le=1024, description="Ranks to launch: GPUs, or CPU processes on a host without GPUs."
     )
     name: str | None = Field(default=None, max_length=200)
+    resume_from: ResumeFrom | None = None
     training: TrainingOptions = Field(default_factory=TrainingOptions)
     max_restarts: int = Field(
         default=2, ge=0, le=20, description="Times a job is requeued after its worker is lost, before it fails."
@@ -136,6 +153,8 @@ class ResumePoint(BaseModel):
     checkpoints_dir: str
     tag: str
     step: int
+    # Converted to DeepSpeed's universal format (it was saved on another number of ranks).
+    universal: bool = False
 
 
 class TrainingSpec(BaseModel):
@@ -143,7 +162,8 @@ class TrainingSpec(BaseModel):
 
     job_id: uuid.UUID
     attempt: int = 1
-    resume_from: ResumePoint | None = None
+    resume_from: ResumePoint | None = None  # this job's own checkpoint: continue where it stopped
+    start_from: ResumePoint | None = None  # another job's checkpoint: its weights and optimizer state
     model: str
     revision: str | None = None
     dataset: str

@@ -46,6 +46,9 @@ def tuneq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("TUNEQ_HOME", str(home))
     for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL", "TUNEQ_ALLOWED_ROOTS"):
         monkeypatch.delenv(var, raising=False)
+    # An app served other than by `tuneq serve` on loopback requires API keys; tests/api/test_auth.py
+    # turns them on, everything else runs as owner "local".
+    monkeypatch.setenv("TUNEQ_AUTH", "off")
     clear_caches()
     yield home
     clear_caches()

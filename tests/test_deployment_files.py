@@ -1,32 +1,330 @@
-"""The compose file and image cannot run here (no Docker engine); check what can be checked."""
+"""docker-compose.yml, Dockerfile.gpu and .env.example cannot run here (no Docker engine).
+
+So these tests check what can be checked without one: the compose file as `docker compose`
+would see it after `cp .env.example .env` (interpolated the way compose does), that every
+setting is documented and passed, and that the image installs with the Makefile's own steps.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+from sqlalchemy.engine import make_url
+
+from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+ENV_EXAMPLE_TEXT = (ROOT / ".env.example").read_text()
+DOCKERFILE_TEXT = (ROOT / "Dockerfile.gpu").read_text()
+
+SERVICES = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "worker", "flower"}
+TUNEQ_SERVICES = ("migrate", "api", "worker")
+# Settings docker-compose.yml sets itself, to its services and volumes: not taken from .env.
+WIRED = {"home", "database_url", "broker_url", "allowed_roots"}
+# Read by the CLI from the environment rather than through Settings.
+NON_SETTINGS_TUNEQ_VARS = {"TUNEQ_LOG_LEVEL"}
+RUNS_MOUNT = "/var/lib/tuneq"
+
+# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME
+_INTERPOLATION = re.compile(
+    r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)"
+)
+_ASSIGNMENT = re.compile(r"^(?P<commented>#\s*)?(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>.*)$")
 
 
-def test_compose_wires_the_services_to_the_settings_they_need() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert {"postgres", "redis", "api", "worker"} <= services.keys()
-    for name in ("api", "worker"):
-        env = services[name]["environment"]
-        assert env["TUNEQ_DATABASE_URL"].startswith("postgresql+psycopg://")
-        assert env["TUNEQ_BROKER_URL"].startswith("redis://redis:")
-        assert "runs:/var/lib/tuneq" in services[name]["volumes"]  # the API reads what workers write
-        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert services["api"]["command"][:2] == ["tuneq", "serve"]
+class MissingVariable(Exception):
+    pass
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable substitution, for the forms docker-compose.yml uses."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group("name") or match.group("bare")
+        op, arg = match.group("op"), match.group("arg") or ""
+        value = env.get(name)
+        missing = not value if op in (":-", ":?") else value is None
+        if not missing:
+            return value or ""
+        if op in (":?", "?"):
+            raise MissingVariable(f"{name}: {arg}")
+        if op in (":-", "-"):
+            return arg
+        return ""
+
+    return _INTERPOLATION.sub(substitute, text)
+
+
+def interpolated_names(text: str) -> set[str]:
+    return {m.group("name") or m.group("bare") for m in _INTERPOLATION.finditer(text) if m.group(0) != "$$"}
+
+
+def env_example_assignments(*, commented: bool) -> dict[str, str]:
+    """The NAME=value lines of .env.example: the active ones, or the commented-out ones."""
+    found = {}
+    for line in ENV_EXAMPLE_TEXT.splitlines():
+        match = _ASSIGNMENT.match(line.strip())
+        if match and bool(match.group("commented")) == commented:
+            found[match.group("name")] = match.group("value")
+    return found
+
+
+def documented_names() -> set[str]:
+    return env_example_assignments(commented=False).keys() | env_example_assignments(commented=True).keys()
+
+
+def setting_var(field: str) -> str:
+    return f"TUNEQ_{field.upper()}"
+
+
+# What an operator fills in before the first `docker compose up`.
+FILLED_SECRETS = {
+    "POSTGRES_PASSWORD": "pg-secret-1234",
+    "REDIS_PASSWORD": "redis-secret-1234",
+    "MINIO_ROOT_PASSWORD": "minio-secret-1234",
+    "AWS_SECRET_ACCESS_KEY": "s3-secret-1234",
+    "FLOWER_BASIC_AUTH": "admin:flower-secret",
+}
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    return {**env_example_assignments(commented=False), **FILLED_SECRETS}
+
+
+def load_compose(env: dict[str, str]) -> dict[str, Any]:
+    """docker-compose.yml as compose sees it: parsed, then each string value interpolated."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return interpolate(node, env) if isinstance(node, str) else node
+
+    compose: dict[str, Any] = walk(yaml.safe_load(COMPOSE_TEXT))
+    return compose
+
+
+@pytest.fixture(scope="module")
+def compose(env: dict[str, str]) -> dict[str, Any]:
+    return load_compose(env)
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    services: dict[str, Any] = compose["services"]
+    return services
+
+
+def settings_from(environment: dict[str, str]) -> Settings:
+    fields = {
+        name.removeprefix("TUNEQ_").lower(): value
+        for name, value in environment.items()
+        if name.startswith("TUNEQ_") and name.removeprefix("TUNEQ_").lower() in Settings.model_fields
+    }
+    return Settings.model_validate(fields)
+
+
+def test_compose_has_the_services_the_readme_names(services: dict[str, Any]) -> None:
+    assert services.keys() == SERVICES
+    readme = (ROOT / "README.md").read_text()
+    deploying = readme.split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
+    for name in SERVICES:
+        assert f"`{name}`" in deploying, f"README's Deploying section does not name the {name} service"
+
+
+def test_the_tuneq_processes_get_every_setting_and_reach_the_compose_services(
+    services: dict[str, Any], env: dict[str, str]
+) -> None:
+    for name in TUNEQ_SERVICES:
+        environment = services[name]["environment"]
+        for field in Settings.model_fields:
+            assert setting_var(field) in environment, f"{name} does not get {setting_var(field)}"
+        db = make_url(environment["TUNEQ_DATABASE_URL"])
+        assert (db.drivername, db.host, db.port) == ("postgresql+psycopg", "postgres", 5432)
+        assert (db.username, db.password, db.database) == (
+            env["POSTGRES_USER"],
+            env["POSTGRES_PASSWORD"],
+            env["POSTGRES_DB"],
+        )
+        assert environment["TUNEQ_BROKER_URL"] == f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0"
+        assert environment["TUNEQ_HOME"] == RUNS_MOUNT
+        settings = settings_from(environment)
+        assert not settings.uses_embedded_database and not settings.uses_embedded_broker
+    postgres = services["postgres"]["environment"]
+    assert (postgres["POSTGRES_USER"], postgres["POSTGRES_DB"]) == (env["POSTGRES_USER"], env["POSTGRES_DB"])
+    assert services["migrate"]["command"] == ["tuneq", "migrate"]
+    assert services["api"]["command"][:4] == ["tuneq", "serve", "--host", "0.0.0.0"]
     assert services["worker"]["command"] == ["tuneq", "worker"]
-    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
-    assert "gpu" in gpu["capabilities"]
+    # One image, built by the same Dockerfile, for all three.
+    images = {(services[n]["image"], services[n]["build"]["dockerfile"]) for n in TUNEQ_SERVICES}
+    assert images == {(env["APP_IMAGE"], "Dockerfile.gpu")}
 
 
-def test_the_image_installs_with_make_install() -> None:
-    dockerfile = (ROOT / "Dockerfile.gpu").read_text()
-    assert "RUN make install" in dockerfile
+def test_compose_defaults_are_the_code_defaults(services: dict[str, Any]) -> None:
+    """A setting left commented in .env gets the same value in compose as without compose."""
+    environment = services["worker"]["environment"]
+    for field, info in Settings.model_fields.items():
+        if field in WIRED:
+            continue
+        value = getattr(Settings.model_validate({field: environment[setting_var(field)]}), field)
+        expected = "http://minio:9000" if field == "s3_endpoint_url" else info.default
+        assert value == expected, f"compose passes {setting_var(field)}={value!r}, the code default is {expected!r}"
+
+
+def test_the_worker_has_the_gpus_shared_memory_locked_memory_and_s3(
+    services: dict[str, Any], env: dict[str, str]
+) -> None:
+    worker = services["worker"]
+    gpu = worker["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"] and gpu["driver"] == "nvidia"
+    size = re.fullmatch(r"(\d+)\s*gb?", str(worker["shm_size"]).lower())
+    assert size and int(size.group(1)) >= 8, f"shm_size {worker['shm_size']} is too small for NCCL and DataLoaders"
+    assert worker.get("ipc") != "host"  # ipc: host would ignore shm_size
+    assert worker["ulimits"]["memlock"] == -1
+    environment = worker["environment"]
+    assert environment["TUNEQ_S3_ENDPOINT_URL"] == "http://minio:9000"
+    # The S3 user minio-init creates is the one the worker signs with.
+    init = services["minio-init"]["environment"]
+    assert environment["AWS_ACCESS_KEY_ID"] == init["S3_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
+    assert environment["AWS_SECRET_ACCESS_KEY"] == init["S3_SECRET_ACCESS_KEY"] == env["AWS_SECRET_ACCESS_KEY"]
+    assert init["S3_BUCKET"] == env["S3_BUCKET"]
+    assert "mc mb --ignore-existing" in services["minio-init"]["command"][0]
+    # The API only checks dataset URIs; S3 credentials stay with the workers.
+    assert "AWS_SECRET_ACCESS_KEY" not in services["api"]["environment"]
+
+
+def test_api_and_worker_share_the_runs_volume_and_state_has_named_volumes(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    for name in ("api", "worker"):
+        assert f"runs:{RUNS_MOUNT}" in services[name]["volumes"]  # the API reads what workers write
+    assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+    assert "miniodata:/data" in services["minio"]["volumes"]
+    assert {"pgdata", "runs", "miniodata"} <= compose["volumes"].keys()
+
+
+def test_services_wait_on_healthchecks_and_on_the_one_shot_jobs(services: dict[str, Any]) -> None:
+    for name in ("postgres", "redis", "minio", "api"):
+        assert services[name]["healthcheck"]["test"], f"{name} has no healthcheck"
+    expected = {
+        "migrate": {"postgres": "service_healthy"},
+        "minio-init": {"minio": "service_healthy"},
+        "api": {
+            "postgres": "service_healthy",
+            "redis": "service_healthy",
+            "migrate": "service_completed_successfully",
+        },
+        "worker": {
+            "postgres": "service_healthy",
+            "redis": "service_healthy",
+            "minio": "service_healthy",
+            "migrate": "service_completed_successfully",
+            "minio-init": "service_completed_successfully",
+        },
+        "flower": {"redis": "service_healthy"},
+    }
+    for name, dependencies in expected.items():
+        got = {dep: spec["condition"] for dep, spec in services[name]["depends_on"].items()}
+        assert got == dependencies, name
+    for name, service in services.items():
+        for dep, spec in service.get("depends_on", {}).items():
+            if spec["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits on {dep}, which has no healthcheck"
+    for name in ("migrate", "minio-init"):
+        assert services[name]["restart"] == "no"
+
+
+def test_flower_watches_the_workers_broker(services: dict[str, Any]) -> None:
+    flower = services["flower"]
+    assert flower["image"].startswith("mher/flower:")
+    assert flower["environment"]["CELERY_BROKER_URL"] == services["worker"]["environment"]["TUNEQ_BROKER_URL"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"] == FILLED_SECRETS["FLOWER_BASIC_AUTH"]
+
+
+def test_every_variable_compose_interpolates_is_in_env_example() -> None:
+    missing = interpolated_names(COMPOSE_TEXT) - documented_names()
+    assert not missing, f"docker-compose.yml reads {sorted(missing)}, which .env.example does not list"
+
+
+def test_every_setting_is_in_env_example_with_its_default() -> None:
+    documented = documented_names()
+    for field in Settings.model_fields:
+        assert setting_var(field) in documented, f"{setting_var(field)} (shared/settings.py) is not in .env.example"
+    stale = {n for n in documented if n.startswith("TUNEQ_")} - {setting_var(f) for f in Settings.model_fields}
+    assert stale <= NON_SETTINGS_TUNEQ_VARS, f".env.example lists {sorted(stale)}, which are no settings"
+    commented = env_example_assignments(commented=True)
+    for field, info in Settings.model_fields.items():
+        if field in WIRED or field == "s3_endpoint_url":
+            continue
+        value = getattr(Settings.model_validate({field: commented[setting_var(field)]}), field)
+        assert value == info.default, (
+            f".env.example shows {setting_var(field)}={value!r}, the default is {info.default!r}"
+        )
+    # Each documented variable has its one-line comment right above it.
+    lines = ENV_EXAMPLE_TEXT.splitlines()
+    for i, line in enumerate(lines):
+        if _ASSIGNMENT.match(line.strip()):
+            above = lines[i - 1].strip()
+            assert above.startswith("#") and not _ASSIGNMENT.match(above), f"no comment above {line!r}"
+
+
+def test_the_untouched_env_example_has_no_secrets_and_compose_refuses_it() -> None:
+    active = env_example_assignments(commented=False)
+    for name in FILLED_SECRETS:
+        assert active[name] == "", f"{name} has a placeholder value in .env.example: leave it empty"
+    with pytest.raises(MissingVariable):
+        load_compose(active)
+    required = {m.group("name") for m in _INTERPOLATION.finditer(COMPOSE_TEXT) if m.group("op") == ":?"}
+    assert required <= active.keys()
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", DOCKERFILE_TEXT)
+    instructions = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            keyword, _, rest = stripped.partition(" ")
+            instructions.append((keyword.upper(), rest))
+    return instructions
+
+
+def test_the_image_installs_with_make_install_and_runs_as_a_user() -> None:
+    instructions = _dockerfile_instructions()
+    runs = [rest for keyword, rest in instructions if keyword == "RUN"]
+    installs = [run for run in runs if "make install" in run]
+    assert len(installs) == 1, "the image must install with `make install`, the target CI runs"
+    assert not any("pip install" in run for run in runs), "pip installs belong in the Makefile, not the image"
+    for flag in ("DS_ACCELERATOR=cuda", "DS_BUILD_CPU_ADAM=1", "DS_BUILD_FUSED_ADAM=1", "TORCH_CUDA_ARCH_LIST="):
+        assert flag in installs[0], f"DeepSpeed's ops are built at install time: {flag} is missing"
+    users = [rest.strip() for keyword, rest in instructions if keyword == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
+    assert [keyword for keyword, _ in instructions].index("USER") > max(
+        i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN"
+    )
+
+
+def test_the_images_cuda_is_the_one_of_the_makefiles_torch() -> None:
+    """The CUDA base was chosen for the Makefile's torch: a torch bump must revisit it."""
     makefile = (ROOT / "Makefile").read_text()
-    assert "torch==2.13.0" in makefile
+    torch = re.search(r"^TORCH\s*\?=\s*(\S+)", makefile, re.MULTILINE)
+    assert torch and torch.group(1) == "torch==2.13.0"
+    assert torch.group(1) in DOCKERFILE_TEXT
+    base = re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+\.\d+)\.\d+-devel-", DOCKERFILE_TEXT, re.MULTILINE)
+    assert base and base.group(1) == "13.0", "torch 2.13.0's PyPI wheel is a CUDA 13.0 build"
+    assert "python3.11 -m venv" in DOCKERFILE_TEXT
+
+
+def test_secrets_and_local_state_stay_out_of_the_build_context() -> None:
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".env", ".venv", ".git", ".tuneq"} <= ignored
+    assert not ignored & {"Makefile", "pyproject.toml", "README.md"}  # what `make install` reads

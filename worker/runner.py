@@ -41,6 +41,7 @@ from shared.validation import FP16_NEEDS_CUDA
 from worker.ingest import EventIngestor
 from worker.inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import HostHardware, launch_ranks, stop_ranks
+from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,14 @@ def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
     return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=newest.tag, step=newest.step)
 
 
+def _keep_alive(lease: LeaseKeeper) -> None:
+    """Renew the lease (or read the status); AttemptEnded once lost or cancelled."""
+    with session_scope() as session:
+        status = lease.status(session)
+    if status is None or status == JobStatus.cancelling:
+        raise AttemptEnded(cancelled=status is not None)
+
+
 def fetch_inputs(job: Job, *, settings: Settings, lease: LeaseKeeper) -> dict[str, str | None]:
     """Local paths for the job's datasets, downloading remote ones while keeping the lease
     and recording progress events. Raises InputProblem, or AttemptEnded on a cancel."""
@@ -193,9 +202,7 @@ def fetch_inputs(job: Job, *, settings: Settings, lease: LeaseKeeper) -> dict[st
                 },
             )
             session.commit()
-            status = lease.status(session)
-        if status is None or status == JobStatus.cancelling:
-            raise AttemptEnded(cancelled=status is not None)
+        _keep_alive(lease)
 
     dataset_format = TrainingOptions.model_validate(job.training).dataset_format
     paths: dict[str, str | None] = {"dataset": job.dataset, "validation_dataset": job.validation_dataset}
@@ -212,6 +219,7 @@ def prepare_attempt(
     datasets: dict[str, str | None],
     settings: Settings,
     worker_id: str,
+    lease: LeaseKeeper | None = None,
 ) -> Attempt:
     """Write spec.json with the config as it will run; on a restart, resume from the newest
     complete checkpoint."""
@@ -220,11 +228,22 @@ def prepare_attempt(
     for stale in layout.errors_dir.glob("rank-*.json"):
         stale.unlink()  # a lost attempt's errors say nothing about this one
     resume = take_over(job, layout) if job.attempts > 1 else None
+    start = None
+    if resume is None and job.resume_from is not None:
+        # Converting may take long: the lease is kept, and a cancel ends the attempt.
+        start = start_point(
+            job.resume_from,
+            num_gpus=job.num_gpus,
+            layout=layout,
+            settings=settings,
+            keep_alive=lambda: _keep_alive(lease) if lease is not None else None,
+        )
     training = TrainingOptions.model_validate(job.training)
     spec = TrainingSpec(
         job_id=job.id,
         attempt=job.attempts,
         resume_from=resume,
+        start_from=start,
         model=job.model,
         revision=job.revision,
         dataset=datasets["dataset"] or job.dataset,
@@ -261,27 +280,31 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         lease = LeaseKeeper(job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings)
         try:
             datasets = fetch_inputs(job, settings=settings, lease=lease)
+            attempt = prepare_attempt(
+                job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id, lease=lease
+            )
         except InputProblem as e:
             _finish(job.id, JobStatus.failed, ErrorCode.invalid_input, str(e))
             return
         except AttemptEnded as e:
-            logger.info("job %s attempt %d %s while downloading its datasets", job.id, job.attempts, e)
+            logger.info("job %s attempt %d %s while preparing its inputs", job.id, job.attempts, e)
             if e.cancelled:
-                _finish(job.id, JobStatus.cancelled, ErrorCode.cancelled, "cancelled while downloading its dataset")
+                _finish(job.id, JobStatus.cancelled, ErrorCode.cancelled, "cancelled while preparing its inputs")
+            return
+        except ConversionFailed as e:
+            _finish(job.id, JobStatus.failed, ErrorCode.training_error, str(e))
             return
         except WorkerStopping:
             _release(job.id, job.attempts, reason="the worker running this job was stopped")
             raise SystemExit(0) from None
         except Exception:
-            logger.exception("job %s: fetching its datasets failed", job.id)
+            logger.exception("job %s: preparing its inputs failed", job.id)
             message = (
-                "the dataset could not be downloaded (the store or the network failed); the worker log has details"
+                "the job's inputs could not be prepared (a dataset download or a checkpoint conversion failed); "
+                "the worker log has details"
             )
             _finish(job.id, JobStatus.failed, ErrorCode.internal_error, message)
             return
-        attempt = prepare_attempt(
-            job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id
-        )
         _supervise(attempt, settings=settings, hardware=hardware, lease=lease)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -200,6 +200,8 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     unfilled = list(auto_keys(ds_config))
     if unfilled:
         raise InvalidInputError(f"deepspeed_config: cannot fill 'auto' for {', '.join(unfilled)}: give values")
+    if spec.start_from is not None and spec.start_from.universal:
+        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
     events.emit(
         PlanEvent(
             total_steps=total_steps,
@@ -232,6 +234,18 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         skip_micro_steps = int(client_state["micro_step"]) + 1
         tokens_seen = int(client_state.get("tokens_seen", 0))
         logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
+    elif spec.start_from is not None:
+        # Another job's weights and optimizer state; this job's steps, schedule and data are its own.
+        load_path, _ = engine.load_checkpoint(
+            spec.start_from.checkpoints_dir,
+            tag=spec.start_from.tag,
+            load_module_strict=not lora,
+            load_lr_scheduler_states=False,
+        )
+        if load_path is None:
+            raise RuntimeError(f"could not load checkpoint {spec.start_from.tag} of the resume_from job")
+        engine.global_steps = engine.global_samples = engine.micro_steps = 0
+        logger.info("started from %s (universal: %s)", load_path, spec.start_from.universal)
     if skip_micro_steps >= steps_per_epoch * accumulation:
         start_epoch, skip_micro_steps = start_epoch + 1, 0
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service, plan_service
+from api.auth import OwnerDep, current_owner
 from api.deps import SessionDep, SettingsDep
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
@@ -30,11 +31,22 @@ from shared.spec import JobCreate
 from shared.storage import RunLayout
 from shared.validation import JobValidationError
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute)
+# Every route needs the caller's key (or auth off); each also takes the owner (the same
+# dependency, solved once per request) to scope what it reads.
+router = APIRouter(
+    prefix="/jobs",
+    tags=["jobs"],
+    route_class=StrictJSONRoute,
+    dependencies=[Depends(current_owner)],
+    responses={401: {"description": "No API key, or an unknown or revoked one"}},
+)
+
+RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
 
 
-def _job_or_404(session: SessionDep, job_id: uuid.UUID) -> Job:
-    job = jobs_service.get_job(session=session, job_id=job_id)
+def _job_or_404(session: SessionDep, job_id: uuid.UUID, owner: str) -> Job:
+    """Another owner's job answers exactly like a missing one."""
+    job = jobs_service.get_job(session=session, job_id=job_id, owner=owner)
     if job is None:
         raise HTTPException(status_code=404, detail=f"job {job_id} not found")
     return job
@@ -47,35 +59,39 @@ def _job_or_404(session: SessionDep, job_id: uuid.UUID) -> Job:
     responses={
         200: {"model": JobPublic, "description": "The job an earlier request with this Idempotency-Key made"},
         409: {"description": "The Idempotency-Key was used with a different body"},
+        429: {"description": "The owner has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs; see Retry-After"},
     },
 )
 def create_job(
     job_in: JobCreate,
     session: SessionDep,
     settings: SettingsDep,
+    owner: OwnerDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobPublic:
     try:
         job, created = jobs_service.create_job(
-            session=session, job_in=job_in, settings=settings, idempotency_key=idempotency_key
+            session=session, job_in=job_in, settings=settings, owner=owner, idempotency_key=idempotency_key
         )
     except JobValidationError as e:
         detail = [{"type": "value_error", "loc": list(p.loc), "msg": p.message} for p in e.problems]
         raise HTTPException(status_code=422, detail=detail) from None
     except jobs_service.IdempotencyConflictError as e:
         raise HTTPException(status_code=409, detail=str(e)) from None
+    except jobs_service.ActiveJobLimitError as e:
+        raise HTTPException(status_code=429, detail=str(e), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
     if not created:
         response.status_code = status.HTTP_200_OK
     return JobPublic.from_job(job)
 
 
 @router.post("/plan", response_model=JobPlan)
-def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep) -> JobPlan:
+def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep, owner: OwnerDep) -> JobPlan:
     """Validate a job and work out what it would do (dataset statistics, steps, memory per
     device) without running it. Same body and same 422 answers as ``POST /jobs``."""
     try:
-        return plan_service.plan_job(session=session, job_in=job_in, settings=settings)
+        return plan_service.plan_job(session=session, job_in=job_in, settings=settings, owner=owner)
     except JobValidationError as e:
         detail = [{"type": "value_error", "loc": list(p.loc), "msg": p.message} for p in e.problems]
         raise HTTPException(status_code=422, detail=detail) from None
@@ -84,23 +100,24 @@ def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep) -> J
 @router.get("", response_model=JobsPublic)
 def list_jobs(
     session: SessionDep,
+    owner: OwnerDep,
     status: JobStatus | None = None,
     skip: int = Query(default=0, ge=0),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
-    jobs, count = jobs_service.list_jobs(session=session, status=status, skip=skip, limit=limit)
+    jobs, count = jobs_service.list_jobs(session=session, owner=owner, status=status, skip=skip, limit=limit)
     return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
-    return JobPublic.from_job(_job_or_404(session, job_id))
+def get_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
+    return JobPublic.from_job(_job_or_404(session, job_id, owner))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses={409: {"description": "The job already ended"}})
-def cancel_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
+def cancel_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
     """A queued job is cancelled at once; a running one goes through `cancelling`."""
-    _job_or_404(session, job_id)
+    _job_or_404(session, job_id, owner)
     try:
         return JobPublic.from_job(jobs_service.cancel_job(session=session, job_id=job_id))
     except JobFinishedError as e:
@@ -108,15 +125,15 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep) -> JobPublic:
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def get_metrics(job_id: uuid.UUID, session: SessionDep) -> MetricsPublic:
-    _job_or_404(session, job_id)
+def get_metrics(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> MetricsPublic:
+    _job_or_404(session, job_id, owner)
     rows = jobs_service.list_metrics(session=session, job_id=job_id)
     return MetricsPublic(data=[MetricPublic.model_validate(r) for r in rows])
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-def get_checkpoints(job_id: uuid.UUID, session: SessionDep) -> CheckpointsPublic:
-    _job_or_404(session, job_id)
+def get_checkpoints(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> CheckpointsPublic:
+    _job_or_404(session, job_id, owner)
     rows = jobs_service.list_checkpoints(session=session, job_id=job_id)
     return CheckpointsPublic(data=[CheckpointPublic.model_validate(r) for r in rows])
 
@@ -136,11 +153,12 @@ def get_events(
     job_id: uuid.UUID,
     request: Request,
     session: SessionDep,
+    owner: OwnerDep,
     after: int = Query(default=0, ge=0, description="Return events with an id greater than this cursor"),
     limit: int = Query(default=100, ge=1, le=1000),
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> EventsPublic | EventSourceResponse:
-    _job_or_404(session, job_id)
+    _job_or_404(session, job_id, owner)
     cursor = last_event_id if last_event_id is not None else after
     if "text/event-stream" in request.headers.get("accept", ""):
         return _sse(job_id, cursor)
@@ -152,11 +170,12 @@ def get_events(
 def stream_events(
     job_id: uuid.UUID,
     session: SessionDep,
+    owner: OwnerDep,
     after: int = Query(default=0, ge=0),
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events; ends after the job's terminal status. `Last-Event-ID` resumes."""
-    _job_or_404(session, job_id)
+    _job_or_404(session, job_id, owner)
     return _sse(job_id, last_event_id if last_event_id is not None else after)
 
 
@@ -165,10 +184,11 @@ def get_logs(
     job_id: uuid.UUID,
     session: SessionDep,
     settings: SettingsDep,
+    owner: OwnerDep,
     tail: int = Query(default=200, ge=1),
     follow: bool = Query(default=False, description="Stream new lines as text/plain until the job ends"),
 ) -> LogsPublic | StreamingResponse:
-    _job_or_404(session, job_id)
+    _job_or_404(session, job_id, owner)
     if follow:
         path = RunLayout.for_job(settings, job_id).log
         return StreamingResponse(

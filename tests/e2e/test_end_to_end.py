@@ -45,7 +45,8 @@ def body(home: Path, **overrides: Any) -> dict[str, Any]:
         "model": str(home / "data" / "tiny-gpt-neo"),
         "dataset": str(home / "data" / "varied.jsonl"),
         "deepspeed_config": seed_config(fp16=False),
-        "training": {"max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 5},
+        # Text is packed by default: several records per row, so an epoch has few steps.
+        "training": {"epochs": 20, "max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 5},
     }
     fields.update(overrides)
     return fields
@@ -122,7 +123,7 @@ def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ra
             home,
             deepspeed_config=config,
             num_gpus=ranks,
-            training={"max_steps": steps, "max_seq_length": 64, "log_every_steps": 1, "seed": 7},
+            training={"epochs": 20, "max_steps": steps, "max_seq_length": 64, "log_every_steps": 1, "seed": 7},
         )
     )
     job = embedded.wait(job["id"])
@@ -187,7 +188,7 @@ def test_postgres_and_redis_with_separate_api_and_worker(
                 home,
                 num_gpus=2,
                 deepspeed_config=seed_config(fp16=False, train_batch_size=2),
-                training={"max_steps": 8, "max_seq_length": 64, "checkpoint_every_steps": 4},
+                training={"epochs": 20, "max_steps": 8, "max_seq_length": 64, "checkpoint_every_steps": 4},
             )
         )
         job = service.wait(job["id"])
@@ -204,6 +205,7 @@ def test_a_hugging_face_docs_config_with_auto_values(embedded: Tuneq, home: Path
     from tests.shared.test_deepspeed_auto import HF_ZERO3
 
     training = {
+        "epochs": 20,
         "max_steps": 10,
         "max_seq_length": 64,
         "micro_batch_size": 2,

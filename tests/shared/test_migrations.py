@@ -44,7 +44,7 @@ from tests.services import fresh_postgres_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = ", ".join(head_revisions())
-TABLES = {"jobs", "job_events", "job_metrics", "checkpoints", "workers"}
+TABLES = {"jobs", "job_events", "job_metrics", "checkpoints", "workers", "api_keys"}
 
 
 @pytest.fixture

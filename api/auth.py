@@ -1,0 +1,115 @@
+"""Who is asking: the owner behind ``Authorization: Bearer <key>``, and the request body limit.
+
+With ``TUNEQ_AUTH=off`` (allowed only on loopback, see ``tuneq serve``) every request is the
+fixed owner ``local``. Otherwise a missing, unknown or revoked key is 401.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.deps import SessionDep, SettingsDep
+from shared.api_keys import owner_of_key
+from shared.models import LOCAL_OWNER
+from shared.settings import get_settings
+
+
+def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
+    challenge = 'Bearer error="invalid_token"' if invalid else "Bearer"
+    return HTTPException(status_code=401, detail=message, headers={"WWW-Authenticate": challenge})
+
+
+def current_owner(request: Request, session: SessionDep, settings: SettingsDep) -> str:
+    if not settings.auth_required:
+        return LOCAL_OWNER
+    header = request.headers.get("authorization")
+    if not header:
+        raise _unauthorized(
+            "this API needs a key: send 'Authorization: Bearer <key>' (an operator creates keys with "
+            "`tuneq keys create --owner NAME`)",
+            invalid=False,
+        )
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
+    owner = owner_of_key(session=session, key=key.strip())
+    if owner is None:
+        raise _unauthorized("the API key is unknown or revoked", invalid=True)
+    return owner
+
+
+OwnerDep = Annotated[str, Depends(current_owner)]
+
+
+def _too_large_message(limit: int) -> str:
+    return f"the request body is larger than {limit} bytes, the most this API reads (TUNEQ_MAX_REQUEST_BYTES)"
+
+
+class _BodyTooLarge(HTTPException):
+    """An HTTPException, so that FastAPI's body reading passes it on as the 413 it is."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(status_code=413, detail=_too_large_message(limit))
+
+
+class BodySizeLimit:
+    """Answer 413 for a request body over ``TUNEQ_MAX_REQUEST_BYTES``, before anything parses it:
+    at once from Content-Length, else as soon as the streamed bytes pass the limit."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = get_settings().max_request_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    too_large = int(value) > limit
+                except ValueError:
+                    too_large = False
+                if too_large:
+                    await self._refuse(send, limit)
+                    return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge(limit)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(send, limit)
+
+    @staticmethod
+    async def _refuse(send: Send, limit: int) -> None:
+        body = json.dumps({"detail": _too_large_message(limit)}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

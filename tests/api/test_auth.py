@@ -1,0 +1,376 @@
+"""API keys and owners: every job route answers only its owner, keys are hashed, limits hold.
+
+In process on SQLite and on Postgres, plus ``tuneq keys`` and ``tuneq serve`` as real processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlmodel import Session, select
+
+from shared.api_keys import create_key, is_loopback
+from shared.db import get_engine
+from shared.models import ApiKey, Job
+from shared.ports import free_port
+from shared.samples import seed_config
+from shared.settings import get_settings
+from shared.storage import RunLayout
+
+MISSING = "not found"
+
+
+def auth_on(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    monkeypatch.setenv("TUNEQ_AUTH", "on")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+
+
+def new_key(owner: str) -> str:
+    with Session(get_engine()) as session:
+        return create_key(session=session, owner=owner)[1]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def app_client(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    from api.main import create_app
+
+    auth_on(monkeypatch)
+    with TestClient(create_app()) as c:
+        yield c
+
+
+@pytest.fixture
+def body(tuneq_home: Path) -> dict[str, Any]:
+    model = tuneq_home / "data" / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"x")
+    dataset = tuneq_home / "data" / "train.jsonl"
+    dataset.write_text('{"text": "hello world"}\n')
+    return {"model": str(model), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
+
+
+@pytest.fixture
+def alice(app_client: TestClient) -> dict[str, str]:
+    return bearer(new_key("alice"))
+
+
+@pytest.fixture
+def bob(app_client: TestClient) -> dict[str, str]:
+    return bearer(new_key("bob"))
+
+
+def submit(client: TestClient, headers: dict[str, str], body: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    response = client.post("/jobs", json={**body, **extra}, headers=headers)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+# Every route under /jobs/{id}: (method, path after the id, extra request arguments).
+JOB_ROUTES = [
+    ("GET", "", {}),
+    ("GET", "/metrics", {}),
+    ("GET", "/checkpoints", {}),
+    ("GET", "/logs", {}),
+    ("GET", "/logs", {"params": {"follow": "true"}}),
+    ("GET", "/events", {}),
+    ("GET", "/events", {"headers": {"Accept": "text/event-stream"}}),
+    ("GET", "/events/stream", {}),
+    ("POST", "/cancel", {}),
+]
+ROUTE_IDS = ["get", "metrics", "checkpoints", "logs", "logs-follow", "events", "events-sse", "events-stream", "cancel"]
+
+
+@pytest.mark.parametrize(("method", "suffix", "extra"), JOB_ROUTES, ids=ROUTE_IDS)
+def test_another_owners_job_is_not_found(
+    app_client: TestClient,
+    alice: dict[str, str],
+    bob: dict[str, str],
+    body: dict[str, Any],
+    method: str,
+    suffix: str,
+    extra: dict[str, Any],
+) -> None:
+    job_id = submit(app_client, alice, body)["id"]
+    layout = RunLayout.for_job(get_settings(), job_id)
+    layout.root.mkdir(parents=True)
+    layout.log.write_text("alice's secret log line\n")
+
+    headers = {**extra.get("headers", {})}
+    params = extra.get("params", {})
+    answer = app_client.request(method, f"/jobs/{job_id}{suffix}", headers={**headers, **bob}, params=params)
+    assert answer.status_code == 404, answer.text
+    assert answer.json() == {"detail": f"job {job_id} {MISSING}"}
+    # Exactly as for a job that does not exist at all.
+    missing = uuid.uuid4()
+    nothing = app_client.request(method, f"/jobs/{missing}{suffix}", headers={**headers, **bob}, params=params)
+    assert nothing.status_code == 404 and nothing.json() == {"detail": f"job {missing} {MISSING}"}
+    # The owner still sees it, and bob's cancel did nothing.
+    assert app_client.get(f"/jobs/{job_id}", headers=alice).json()["status"] == "queued"
+    if "stream" in suffix or params or "text/event-stream" in str(headers):
+        app_client.post(f"/jobs/{job_id}/cancel", headers=alice)  # so that the owner's stream ends
+    if suffix != "/cancel":
+        mine = app_client.request(method, f"/jobs/{job_id}{suffix}", headers={**headers, **alice}, params=params)
+        if suffix == "/logs" and not params:
+            assert mine.json() == {"lines": ["alice's secret log line"]}
+        elif suffix == "":
+            assert mine.json()["owner"] == "alice"
+        else:
+            assert mine.status_code == 200, mine.text
+
+
+def test_listing_shows_only_the_callers_jobs(
+    app_client: TestClient, alice: dict[str, str], bob: dict[str, str], body: dict[str, Any]
+) -> None:
+    mine = [submit(app_client, alice, body, name=f"a{i}")["id"] for i in range(2)]
+    theirs = submit(app_client, bob, body, name="b")["id"]
+    listed = app_client.get("/jobs", headers=alice).json()
+    assert [j["id"] for j in listed["data"]] == mine[::-1] and listed["count"] == 2
+    assert app_client.get("/jobs", headers=alice, params={"status": "queued"}).json()["count"] == 2
+    bobs = app_client.get("/jobs", headers=bob).json()
+    assert [j["id"] for j in bobs["data"]] == [theirs] and bobs["count"] == 1
+    with Session(get_engine()) as session:
+        owners = {str(j.id): j.owner for j in session.exec(select(Job)).all()}
+    assert owners == {mine[0]: "alice", mine[1]: "alice", theirs: "bob"}
+
+
+def test_resume_from_another_owners_job_is_not_found(
+    app_client: TestClient, alice: dict[str, str], bob: dict[str, str], body: dict[str, Any]
+) -> None:
+    source = submit(app_client, alice, body)["id"]
+    for path in ("/jobs", "/jobs/plan"):
+        refused = app_client.post(path, json={**body, "resume_from": {"job_id": source}}, headers=bob)
+        assert refused.status_code == 422, refused.text
+        (problem,) = refused.json()["detail"]
+        assert problem["loc"] == ["body", "resume_from", "job_id"]
+        assert problem["msg"] == f"job {source} {MISSING}"
+    # Its owner gets past "not found" (to the missing checkpoint).
+    own = app_client.post("/jobs", json={**body, "resume_from": {"job_id": source}}, headers=alice)
+    assert own.status_code == 422 and "no complete DeepSpeed checkpoint" in own.json()["detail"][0]["msg"]
+
+
+def test_idempotency_keys_do_not_reach_across_owners(
+    app_client: TestClient, alice: dict[str, str], bob: dict[str, str], body: dict[str, Any]
+) -> None:
+    first = app_client.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k1"})
+    assert first.status_code == 201
+    other = app_client.post("/jobs", json=body, headers={**bob, "Idempotency-Key": "k1"})
+    assert other.status_code == 409 and first.json()["id"] not in other.text
+    again = app_client.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k1"})
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer"}, {"Authorization": "Basic YWxpY2U6eA=="}, {"Authorization": "Bearer tq_nope"}],
+    ids=["no-header", "empty-bearer", "basic", "unknown-key"],
+)
+def test_requests_without_a_valid_key_are_401(
+    app_client: TestClient, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    for method, path in [("GET", "/jobs"), ("POST", "/jobs"), ("POST", "/jobs/plan"), ("GET", f"/jobs/{uuid.uuid4()}")]:
+        answer = app_client.request(method, path, headers=headers, json=body if method == "POST" else None)
+        assert answer.status_code == 401, (method, path, answer.text)
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert app_client.get("/healthz").status_code == 200
+    assert app_client.get("/readyz").status_code == 200
+
+
+def test_a_revoked_key_is_401_and_keys_are_stored_hashed(app_client: TestClient, body: dict[str, Any]) -> None:
+    from shared.api_keys import revoke_key
+
+    with Session(get_engine()) as session:
+        row, key = create_key(session=session, owner="carol")
+    assert key.startswith(f"tq_{row.id}_") and len(key) > 40
+    job_id = submit(app_client, bearer(key), body)["id"]
+    with get_engine().connect() as conn:
+        stored = [tuple(r) for r in conn.execute(text("SELECT * FROM api_keys"))]
+    assert len(stored) == 1 and not any(key in str(value) for value in stored[0])
+    assert row.key_hash == hashlib.sha256(key.encode()).hexdigest() and row.key_hash in stored[0]
+    with Session(get_engine()) as session:
+        used = session.get(ApiKey, row.id)
+        assert used is not None and used.last_used_at is not None and used.revoked_at is None
+        revoke_key(session=session, key_id=row.id)
+    answer = app_client.get(f"/jobs/{job_id}", headers=bearer(key))
+    assert answer.status_code == 401 and answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "revoked" in answer.json()["detail"]
+
+
+def test_too_many_active_jobs_is_429_with_retry_after(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
+) -> None:
+    from api.main import create_app
+
+    auth_on(monkeypatch, TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER="2")
+    with TestClient(create_app()) as client:
+        alice, other = bearer(new_key("alice")), bearer(new_key("bob"))
+        first = submit(client, alice, body, name="1")
+        submit(client, alice, body, name="2")
+        refused = client.post("/jobs", json={**body, "name": "3"}, headers=alice)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["Retry-After"] == "30"
+        assert "2 active jobs" in refused.json()["detail"] and "at most 2" in refused.json()["detail"]
+        assert client.get("/jobs", headers=alice).json()["count"] == 2
+        submit(client, other, body)  # the limit is per owner
+        client.post(f"/jobs/{first['id']}/cancel", headers=alice)
+        submit(client, alice, body, name="3")  # a cancelled job is no longer active
+
+
+def test_a_body_past_the_limit_is_413_before_it_is_parsed(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
+) -> None:
+    import json
+
+    from api.main import create_app
+
+    auth_on(monkeypatch, TUNEQ_MAX_REQUEST_BYTES="2000")
+    with TestClient(create_app()) as client:
+        alice = bearer(new_key("alice"))
+        big = json.dumps({**body, "name": "x" * 2000}).encode()
+        headers = {**alice, "content-type": "application/json"}
+        answer = client.post("/jobs", content=big, headers=headers)
+        assert answer.status_code == 413 and "larger than 2000 bytes" in answer.json()["detail"]
+        # Streamed without a Content-Length: refused once the bytes pass the limit.
+        chunked = client.post("/jobs", content=iter([big[:1500], big[1500:]]), headers=headers)
+        assert chunked.status_code == 413, chunked.text
+        # Even without a key (the limit comes first), and for any content type.
+        assert client.post("/jobs", content=big, headers={"content-type": "text/plain"}).status_code == 413
+        assert client.get("/jobs", headers=alice).json()["count"] == 0
+        assert client.post("/jobs", json=body, headers=alice).status_code == 201
+
+
+def test_without_auth_every_job_belongs_to_local(database_url: str, body: dict[str, Any]) -> None:
+    from api.main import create_app
+
+    assert get_settings().auth == "off"  # as the test fixtures run
+    with TestClient(create_app()) as client:
+        job = submit(client, {"Authorization": "Bearer whatever"}, body)
+        assert job["owner"] == "local"
+        assert client.get(f"/jobs/{job['id']}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+# ---- real processes --------------------------------------------------------------------
+
+
+def tuneq(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    keep = ("TUNEQ_HOME", "TUNEQ_DATABASE_URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEQ_") or k in keep}
+    return {**env, **extra}
+
+
+def test_keys_create_list_revoke(database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]) -> None:
+    from api.main import create_app
+
+    env = process_env()
+    created = tuneq("keys", "create", "--owner", "dana", env=env)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("tq_") and "\n" not in key
+    key_id = key.split("_")[1]
+    assert f"key {key_id} for owner dana" in created.stderr and key not in created.stderr
+
+    listed = tuneq("keys", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["ID", "OWNER", "CREATED", "LAST", "USED", "REVOKED"]
+    assert row.split()[:2] == [key_id, "dana"] and row.endswith("-") and key not in listed.stdout
+
+    auth_on(monkeypatch)
+    with TestClient(create_app()) as client:
+        assert client.get("/jobs", headers=bearer(key)).status_code == 200
+        revoked = tuneq("keys", "revoke", key_id, env=env)
+        assert revoked.returncode == 0 and f"key {key_id} of owner dana is revoked" in revoked.stdout
+        assert client.get("/jobs", headers=bearer(key)).status_code == 401
+    (row,) = tuneq("keys", "list", env=env).stdout.splitlines()[1:]
+    assert row.split()[1] == "dana" and not row.endswith("-") and "UTC" in row  # last used and revoked
+
+    unknown = tuneq("keys", "revoke", "nope", env=env)
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "tuneq: no key nope (see `tuneq keys list`)"
+    bad = tuneq("keys", "create", "--owner", "no spaces", env=env)
+    assert bad.returncode == 1 and "invalid owner" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_serve_off_loopback_without_auth_refuses_to_start(tuneq_home: Path) -> None:
+    started = time.monotonic()
+    refused = tuneq("serve", "--host", "0.0.0.0", "--port", str(free_port()), env=process_env(TUNEQ_AUTH="off"))
+    assert refused.returncode == 1
+    assert time.monotonic() - started < 30
+    assert refused.stderr.strip().splitlines() == [
+        "tuneq: TUNEQ_AUTH=off is allowed only when the API listens on loopback (127.0.0.1, ::1, localhost), "
+        "not on 0.0.0.0: leave auth on and create keys with `tuneq keys create --owner NAME`"
+    ]
+    dev = tuneq("dev", "--host", "0.0.0.0", "--port", str(free_port()), env=process_env(TUNEQ_AUTH="off"))
+    assert dev.returncode == 1 and "TUNEQ_AUTH=off is allowed only" in dev.stderr
+
+
+def test_serve_off_loopback_requires_keys(tuneq_home: Path) -> None:
+    port = free_port()
+    log = tuneq_home / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "serve", "--host", "0.0.0.0", "--port", str(port)],
+            env=process_env(),  # TUNEQ_AUTH unset: auto, so on off loopback
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None, log.read_text()
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            answer = client.get("/jobs")
+            assert answer.status_code == 401 and answer.headers["WWW-Authenticate"].startswith("Bearer")
+            created = tuneq("keys", "create", "--owner", "erin", env=process_env())
+            assert client.get("/jobs", headers=bearer(created.stdout.strip())).json() == {"data": [], "count": 0}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,111 @@
+"""Where a job with ``resume_from`` starts: another job's DeepSpeed checkpoint, converted to
+DeepSpeed's universal format when it was saved on another number of ranks.
+
+ZeRO shards optimizer state by rank, so a checkpoint of 2 ranks does not load into 1 or 4.
+DeepSpeed's ``ds_to_universal`` rewrites it as one file per parameter, which any number of
+ranks loads (``checkpoint.load_universal``). The conversion runs in its own process group
+(it needs torch; the worker does not import it) while the worker keeps the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from shared.settings import Settings
+from shared.spec import ResumePoint
+from shared.storage import CheckpointManifest, RunLayout, tail_lines
+from worker.inputs import InputProblem
+
+logger = logging.getLogger(__name__)
+
+CONVERTED_MARKER = "tuneq-universal-complete"
+POLL_SECONDS = 0.5
+
+
+class ConversionFailed(RuntimeError):
+    """ds_to_universal exited with an error; the message names the log."""
+
+
+def start_point(
+    resume_from: dict[str, object],
+    *,
+    num_gpus: int,
+    layout: RunLayout,
+    settings: Settings,
+    keep_alive: Callable[[], None],
+) -> ResumePoint:
+    """The checkpoint to load; ``keep_alive`` is called while converting (it may raise)."""
+    source = RunLayout.for_job(settings, uuid.UUID(str(resume_from["job_id"])))
+    step = int(str(resume_from["step"]))
+    tag = source.checkpoint_tag(step)
+    manifest = CheckpointManifest.read(source.checkpoints_dir / tag)
+    if manifest is None:
+        raise InputProblem(
+            f"resume_from: the checkpoint of job {resume_from['job_id']} at step {step} is no longer on this host"
+        )
+    if manifest.world_size == num_gpus:
+        return ResumePoint(checkpoints_dir=str(source.checkpoints_dir), tag=tag, step=step)
+    converted = layout.root / "start-from"
+    if not (converted / tag / CONVERTED_MARKER).is_file():
+        logger.info(
+            "job %s: converting %s (%d ranks) to the universal format for %d ranks",
+            layout.root.name,
+            tag,
+            manifest.world_size,
+            num_gpus,
+        )
+        convert_to_universal(source.checkpoints_dir / tag, converted / tag, log=layout.log, keep_alive=keep_alive)
+    return ResumePoint(checkpoints_dir=str(converted), tag=tag, step=step, universal=True)
+
+
+def convert_to_universal(source: Path, target: Path, *, log: Path, keep_alive: Callable[[], None]) -> None:
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(source),
+        "--output_folder",
+        str(staging),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+        # Checkpoints of a plain engine (no Megatron tensor/pipeline parallelism) lack the
+        # universal_checkpoint_info a Megatron client writes; the converter then adds it.
+        "--inject_missing_state",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    try:
+        while process.poll() is None:
+            keep_alive()
+            time.sleep(POLL_SECONDS)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    if process.returncode != 0:
+        lines = [ln for ln in tail_lines(log, 100) if "Error" in ln or "error" in ln]
+        reason = lines[-1].strip() if lines else f"exit status {process.returncode}"
+        raise ConversionFailed(
+            f"converting the resume_from checkpoint to DeepSpeed's universal format failed: {reason} (full log: {log})"
+        )
+    (staging / CONVERTED_MARKER).write_text("ok\n", encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
