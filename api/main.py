@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.auth import BodySizeLimit
+from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
 from api.routes import health, jobs
 from shared.db import init_db
@@ -40,6 +41,9 @@ async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
+    # Per app, not the process-global registry: tests build many apps in one process.
+    app.state.metrics_registry, latency = build_registry()
+    app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s too
     app.include_router(health.router)
     app.include_router(jobs.router)
     return app

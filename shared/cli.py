@@ -30,12 +30,19 @@ STOP_TIMEOUT_SECONDS = 30.0
 
 
 def _configure_logging() -> None:
-    level = os.environ.get("TUNEQ_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Alembic announces its plugins and dialect at INFO on every start; tuneq logs what it migrates.
-    root = logging.getLogger().level
-    if root > logging.DEBUG:
-        logging.getLogger("alembic").setLevel(max(logging.WARNING, root))
+    """First step of every server command, so a bad setting stops it with a plain message."""
+    from pydantic import ValidationError
+
+    from shared.logging_config import configure_logging
+
+    try:
+        settings = get_settings()
+    except ValidationError as e:
+        for error in e.errors():
+            name = "TUNEQ_" + "_".join(str(part) for part in error["loc"]).upper()
+            typer.echo(f"tuneq: {name}={error.get('input')!r}: {error['msg']}", err=True)
+        raise typer.Exit(2) from None
+    configure_logging(settings)
 
 
 def _prepare_database() -> None:

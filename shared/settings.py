@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     max_active_jobs_per_owner: int = Field(default=8, ge=0)
     # The largest request body the API reads; past it 413, before the body is parsed.
     max_request_bytes: int = Field(default=1024**2, ge=1)
+    # Logs of `tuneq serve`, `worker` and `dev` on stderr: "text" for people, "json" (one object
+    # per line) for a log collector. Training logs in the run directory stay text either way.
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

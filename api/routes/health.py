@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 
+from api.metrics import exposition
 from shared.db import get_engine
 from shared.queue import broker_reachable
 
@@ -33,3 +34,11 @@ def readyz() -> JSONResponse:
     return JSONResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks}, status_code=200 if ready else 503
     )
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Response:
+    """Prometheus exposition: jobs by status, queue depth, workers, steps/s per running job,
+    API latency. Counts only, no job contents, so it asks for no key (scrapers rarely carry one)."""
+    body, content_type = exposition(request.app.state.metrics_registry)
+    return Response(body, media_type=content_type)

@@ -1,0 +1,144 @@
+"""Prometheus metrics for ``GET /metrics``: what the database says now, and how the API answers.
+
+Job and worker figures are read from SQL at scrape time (one collector, a few small queries),
+not counted in this process: the database is the one place job state lives, so every API
+replica reports the same numbers and a restart loses nothing. Request latency is the one
+figure only this process knows; it is kept in a histogram per route template.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.db import get_engine
+from shared.models import Job, JobMetric, JobStatus, Worker, utcnow
+from shared.settings import get_settings
+
+logger = logging.getLogger(__name__)
+
+# Steps per second of a running job: over its last this-many recorded steps, so the figure
+# follows the job's current pace rather than its average since start-up.
+RATE_WINDOW_STEPS = 20
+
+
+def _steps_per_second(session: Session, job_id: Any) -> float | None:
+    rows = session.exec(
+        select(JobMetric.step, JobMetric.time)
+        .where(col(JobMetric.job_id) == job_id)
+        .order_by(col(JobMetric.step).desc())
+        .limit(RATE_WINDOW_STEPS)
+    ).all()
+    if len(rows) < 2:
+        return None
+    (last_step, last_time), (first_step, first_time) = rows[0], rows[-1]
+    seconds = (last_time - first_time).total_seconds()
+    return (last_step - first_step) / seconds if seconds > 0 else None
+
+
+class JobStateCollector(Collector):
+    """Jobs by status, the queue's depth, live workers and each running job's pace, from SQL."""
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("tuneq_jobs", "Jobs by status.", labels=["status"])
+        queued = GaugeMetricFamily("tuneq_queue_depth", "Jobs submitted and not yet claimed by a worker.")
+        workers = GaugeMetricFamily("tuneq_workers", "Workers seen recently (TUNEQ_WORKER_SEEN_SECONDS).")
+        pace = GaugeMetricFamily(
+            "tuneq_job_steps_per_second", "Optimizer steps per second of each running job.", labels=["job_id"]
+        )
+        up = GaugeMetricFamily("tuneq_database_up", "Whether the last scrape could read the database.")
+        try:
+            with Session(get_engine()) as session:
+                counts = dict(session.exec(select(Job.status, func.count()).group_by(Job.status)).all())
+                for status in JobStatus:
+                    jobs.add_metric([status.value], counts.get(status, 0))
+                queued.add_metric([], counts.get(JobStatus.queued, 0))
+                since = utcnow() - timedelta(seconds=get_settings().worker_seen_seconds)
+                seen = session.exec(select(func.count()).select_from(Worker).where(col(Worker.last_seen_at) >= since))
+                workers.add_metric([], seen.one())
+                running = session.exec(select(Job.id).where(col(Job.status) == JobStatus.running)).all()
+                for job_id in running:
+                    rate = _steps_per_second(session, job_id)
+                    if rate is not None:
+                        pace.add_metric([str(job_id)], rate)
+        except Exception:
+            # A scrape must still answer (and say the database is down) rather than fail.
+            logger.exception("could not read job state for /metrics")
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield from (up, jobs, queued, workers, pace)
+
+
+def build_registry() -> tuple[CollectorRegistry, Histogram]:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(JobStateCollector())
+    latency = Histogram(
+        "tuneq_http_request_duration_seconds",
+        "Time from request to response headers, by route template, method and status.",
+        labelnames=["method", "route", "status"],
+        registry=registry,
+        # Reads answer in milliseconds; a submit waits on the database and the broker.
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    )
+    return registry, latency
+
+
+def _route_template(scope: Scope) -> str:
+    # The template ("/jobs/{job_id}"), never the raw path: one series per route, not per job.
+    # The router records the route it matched in the (shared) scope.
+    return str(getattr(scope.get("route"), "path", "unmatched"))
+
+
+class RequestLatency:
+    """ASGI middleware: observes each HTTP request's time to its response headers.
+
+    Pure ASGI rather than ``BaseHTTPMiddleware``, which would wrap event streams; for a
+    stream the time to its headers is the latency a client feels.
+    """
+
+    def __init__(self, app: ASGIApp, *, histogram: Histogram) -> None:
+        self.app = app
+        self.histogram = histogram
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        observed = False
+
+        def observe(status: int) -> None:
+            nonlocal observed
+            if not observed:
+                observed = True
+                route = _route_template(scope)
+                self.histogram.labels(scope["method"], route, str(status)).observe(time.perf_counter() - start)
+
+        async def send_timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                observe(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_timed)
+        except Exception:
+            observe(500)
+            raise
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return generate_latest(registry), CONTENT_TYPE_LATEST
