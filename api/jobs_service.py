@@ -8,7 +8,7 @@ import logging
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import func
+from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -46,10 +46,7 @@ def request_fingerprint(job_in: JobCreate) -> str:
 
 
 def _job_for_key(session: Session, key: str, fingerprint: str, owner: str) -> Job | None:
-    job = session.exec(select(Job).where(Job.idempotency_key == key)).first()
-    if job is not None and job.owner != owner:
-        # Keys are unique across owners; say nothing about the other owner's job.
-        raise IdempotencyConflictError(f"Idempotency-Key '{key}' is already in use: use a new key for a new job")
+    job = session.exec(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
     if job is not None and job.request_fingerprint != fingerprint:
         raise IdempotencyConflictError(
             f"Idempotency-Key '{key}' was already used for job {job.id} with a different body: "
@@ -132,6 +129,21 @@ def active_job_count(*, session: Session, owner: str) -> int:
     return int(session.exec(query).one())
 
 
+def _serialize_owner_submits(session: Session, owner: str) -> None:
+    """Make one owner's concurrent submits count active jobs one after another.
+
+    Otherwise two submits at the limit both count N-1 and both insert. On Postgres a
+    transaction-scoped advisory lock per owner (released at commit or rollback) orders them.
+    SQLite allows one writer at a time, and the embedded default serves one user; there a
+    race can at worst let a burst of concurrent submits past the limit by a few jobs.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        digest = hashlib.sha256(f"tuneq-owner:{owner}".encode()).digest()
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:key)"), {"key": int.from_bytes(digest[:8], "big", signed=True)}
+        )
+
+
 def create_job(
     *, session: Session, job_in: JobCreate, settings: Settings, owner: str, idempotency_key: str | None = None
 ) -> tuple[Job, bool]:
@@ -145,6 +157,8 @@ def create_job(
     if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint, owner)):
         return existing, False
     limit = settings.max_active_jobs_per_owner
+    if limit:
+        _serialize_owner_submits(session, owner)
     if limit and (active := active_job_count(session=session, owner=owner)) >= limit:
         raise ActiveJobLimitError(owner=owner, active=active, limit=limit)
     hardware = deployment_hardware(session=session, settings=settings)

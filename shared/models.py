@@ -52,6 +52,8 @@ LOCAL_OWNER = "local"
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
+    # Idempotency keys are the client's, so unique per owner: two teams may pick the same one.
+    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),)
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     # Who submitted it (an API key's owner): other owners' requests never see it.
@@ -96,7 +98,7 @@ class Job(SQLModel, table=True):
     # committed with the rows they produced: a resumed attempt picks up exactly there.
     events_offset: int = Field(default=0, sa_type=BigInteger)
     log_offset: int = Field(default=0, sa_type=BigInteger)
-    idempotency_key: str | None = Field(default=None, unique=True, max_length=200)
+    idempotency_key: str | None = Field(default=None, max_length=200)
     request_fingerprint: str | None = None
 
 

@@ -9,9 +9,11 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -167,13 +169,18 @@ def test_resume_from_another_owners_job_is_not_found(
     assert own.status_code == 422 and "no complete DeepSpeed checkpoint" in own.json()["detail"][0]["msg"]
 
 
-def test_idempotency_keys_do_not_reach_across_owners(
+def test_idempotency_keys_are_per_owner(
     app_client: TestClient, alice: dict[str, str], bob: dict[str, str], body: dict[str, Any]
 ) -> None:
     first = app_client.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k1"})
     assert first.status_code == 201
+    # Bob's "k1" is his own: a new job of his, not Alice's job and not a conflict.
     other = app_client.post("/jobs", json=body, headers={**bob, "Idempotency-Key": "k1"})
-    assert other.status_code == 409 and first.json()["id"] not in other.text
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+    assert other.json()["owner"] == "bob"
+    assert (
+        app_client.post("/jobs", json=body, headers={**bob, "Idempotency-Key": "k1"}).json()["id"] == other.json()["id"]
+    )
     again = app_client.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k1"})
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
 
@@ -232,6 +239,36 @@ def test_too_many_active_jobs_is_429_with_retry_after(
         submit(client, other, body)  # the limit is per owner
         client.post(f"/jobs/{first['id']}/cancel", headers=alice)
         submit(client, alice, body, name="3")  # a cancelled job is no longer active
+
+
+def test_concurrent_submits_do_not_pass_the_active_job_limit(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
+) -> None:
+    from api.jobs_service import ActiveJobLimitError, create_job
+    from shared.spec import JobCreate
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite: one writer at a time and one user; the per-owner lock is Postgres's")
+    monkeypatch.setenv("TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER", "2")
+    get_settings.cache_clear()
+    settings = get_settings()
+    job_in = JobCreate.model_validate(body)
+    start = threading.Barrier(6)
+
+    def submit_one(_: int) -> str:
+        with Session(get_engine()) as session:
+            start.wait()
+            try:
+                create_job(session=session, job_in=job_in.model_copy(deep=True), settings=settings, owner="alice")
+                return "created"
+            except ActiveJobLimitError:
+                return "refused"
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        outcomes = sorted(pool.map(submit_one, range(6)))
+    assert outcomes == ["created"] * 2 + ["refused"] * 4
+    with Session(get_engine()) as session:
+        assert len(session.exec(select(Job).where(Job.owner == "alice")).all()) == 2
 
 
 def test_a_body_past_the_limit_is_413_before_it_is_parsed(
