@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from shared.job_events import list_events
-from shared.lifecycle import mark_published, record_event, request_cancel
+from shared.lifecycle import mark_published, record_event, request_cancel, route_job
 from shared.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, Worker, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
@@ -192,9 +192,14 @@ def create_job(
             return existing, False
         raise
     session.refresh(job)
+    queue = route_job(session=session, settings=settings, num_gpus=job.num_gpus)
+    if queue is None:
+        # No worker has been seen yet (a fresh deployment): the first one's reconciler publishes it.
+        logger.info("job %s: no live worker yet; it is published when one starts", job.id)
+        return job, True
     try:
-        enqueue_job(job.id)
-        mark_published(session=session, job_id=job.id)
+        enqueue_job(job.id, queue=queue)
+        mark_published(session=session, job_id=job.id, queue=queue)
     except Exception as e:
         # The row is the source of truth: the reconciler publishes it once the broker is back.
         logger.warning("could not publish job %s (broker: %s); it stays queued until the broker is back", job.id, e)

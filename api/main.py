@@ -15,7 +15,6 @@ from api.plan_service import shutdown_plan_executor
 from api.routes import health, jobs
 from shared.db import init_db
 from shared.deepspeed_config import known_top_level_keys
-from shared.queue import declare_embedded_queue
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +31,6 @@ def _warm_deepspeed_parser() -> None:
 @asynccontextmanager
 async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     init_db()
-    declare_embedded_queue()
     threading.Thread(target=_warm_deepspeed_parser, name="warm-deepspeed", daemon=True).start()
     yield
     shutdown_plan_executor()

@@ -51,7 +51,11 @@ class JobStateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("tuneq_jobs", "Jobs by status.", labels=["status"])
-        queued = GaugeMetricFamily("tuneq_queue_depth", "Jobs submitted and not yet claimed by a worker.")
+        queued = GaugeMetricFamily(
+            "tuneq_queue_depth",
+            'Jobs submitted and not yet claimed, by the queue they were published to ("" before any).',
+            labels=["queue"],
+        )
         workers = GaugeMetricFamily("tuneq_workers", "Workers seen recently (TUNEQ_WORKER_SEEN_SECONDS).")
         pace = GaugeMetricFamily(
             "tuneq_job_steps_per_second", "Optimizer steps per second of each running job.", labels=["job_id"]
@@ -62,7 +66,11 @@ class JobStateCollector(Collector):
                 counts = dict(session.exec(select(Job.status, func.count()).group_by(Job.status)).all())
                 for status in JobStatus:
                     jobs.add_metric([status.value], counts.get(status, 0))
-                queued.add_metric([], counts.get(JobStatus.queued, 0))
+                waiting = session.exec(
+                    select(Job.queue, func.count()).where(col(Job.status) == JobStatus.queued).group_by(Job.queue)
+                ).all()
+                for queue, count in waiting:
+                    queued.add_metric([queue or ""], count)
                 since = utcnow() - timedelta(seconds=get_settings().worker_seen_seconds)
                 seen = session.exec(select(func.count()).select_from(Worker).where(col(Worker.last_seen_at) >= since))
                 workers.add_metric([], seen.one())

@@ -106,15 +106,14 @@ def worker() -> None:
     _configure_logging()
     _prepare_database()
     tasks = importlib.import_module("worker.tasks")
-    tasks.prepare_worker()
-    settings = get_settings()
+    queue = tasks.prepare_worker()
     tasks.celery_app.worker_main(
         [
             "worker",
             "--loglevel=INFO",
             "--pool=prefork",
             "--concurrency=1",
-            f"--queues={settings.queue}",
+            f"--queues={queue}",  # its size's: jobs go to the smallest worker size that fits them
             f"--hostname=tuneq-{os.getpid()}@{socket.gethostname()}",
             # Gossip and mingle need fanout exchanges, which the SQL broker lacks; jobs
             # coordinate through the database anyway.

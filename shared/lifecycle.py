@@ -16,6 +16,8 @@ from sqlalchemy import update
 from sqlmodel import Session, col, or_, select
 
 from shared.models import ErrorCode, EventType, Job, JobEvent, JobStatus, Worker, utcnow
+from shared.queue import size_queue
+from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -207,19 +209,34 @@ def expired_leases(*, session: Session, now: datetime) -> list[Job]:
 
 def unpublished_jobs(*, session: Session, older_than: datetime, live_since: datetime) -> list[Job]:
     """Queued jobs whose message is missing: never published, or published before
-    ``older_than`` while a live worker has sat idle since before then (it would have taken
-    the message had the broker still held it). A job waiting behind busy workers is left alone."""
-    idle_worker = select(Worker.id).where(
-        col(Worker.last_seen_at) >= live_since,
-        col(Worker.idle_since).is_not(None),
-        col(Worker.idle_since) < older_than,
-    )
-    lost = col(Job.enqueued_at) < older_than
+    ``older_than`` to a queue whose live workers have all sat idle since before then (they
+    would have taken the message had the broker still held it) or that no live worker consumes
+    any more. A job waiting behind busy workers of its size is left alone."""
+    live_of_its_queue = col(Worker.last_seen_at) >= live_since, col(Worker.queue) == col(Job.queue)
+    busy_or_fresh = or_(col(Worker.idle_since).is_(None), col(Worker.idle_since) >= older_than)
+    idle_consumer = select(Worker.id).where(*live_of_its_queue, ~busy_or_fresh)
+    waiting_consumer = select(Worker.id).where(*live_of_its_queue, busy_or_fresh)
+    lost = (col(Job.enqueued_at) < older_than) & (idle_consumer.exists() | ~waiting_consumer.exists())
     query = select(Job).where(
         col(Job.status) == JobStatus.queued,
-        or_(col(Job.enqueued_at).is_(None), lost & idle_worker.exists()),
+        or_(col(Job.enqueued_at).is_(None), lost),
     )
     return list(session.exec(query).all())
+
+
+def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | None:
+    """The queue a job of ``num_gpus`` goes to: that of the smallest live worker size that fits.
+
+    None while no live worker fits (none has started yet, or the large ones are gone): the
+    job stays unpublished and a worker's reconciler publishes it once one is there.
+    """
+    live_since = utcnow() - timedelta(seconds=settings.worker_seen_seconds)
+    sizes = session.exec(
+        select(Worker.device_count).where(
+            col(Worker.last_seen_at) >= live_since, col(Worker.device_count) >= num_gpus, col(Worker.queue).is_not(None)
+        )
+    ).all()
+    return size_queue(settings, min(sizes)) if sizes else None
 
 
 def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
@@ -230,8 +247,8 @@ def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
     session.commit()
 
 
-def mark_published(*, session: Session, job_id: uuid.UUID) -> None:
-    session.execute(update(Job).where(col(Job.id) == job_id).values(enqueued_at=utcnow()))
+def mark_published(*, session: Session, job_id: uuid.UUID, queue: str) -> None:
+    session.execute(update(Job).where(col(Job.id) == job_id).values(enqueued_at=utcnow(), queue=queue))
     session.commit()
 
 
@@ -239,11 +256,13 @@ def record_progress(*, session: Session, job_id: uuid.UUID, values: dict[str, An
     session.execute(update(Job).where(col(Job.id) == job_id).values(**values))
 
 
-def register_worker(*, session: Session, worker_id: str, hostname: str, accelerator: str, device_count: int) -> None:
+def register_worker(
+    *, session: Session, worker_id: str, hostname: str, accelerator: str, device_count: int, queue: str
+) -> None:
     worker = session.get(Worker, worker_id)
     if worker is None:
         worker = Worker(id=worker_id, hostname=hostname, accelerator=accelerator, device_count=device_count)
-    worker.accelerator, worker.device_count = accelerator, device_count
+    worker.accelerator, worker.device_count, worker.queue = accelerator, device_count, queue
     worker.last_seen_at = worker.idle_since = utcnow()
     session.add(worker)
     session.commit()

@@ -92,6 +92,9 @@ class Job(SQLModel, table=True):
     worker_id: str | None = None
     lease_expires_at: datetime | None = _timestamp(index=True)
     enqueued_at: datetime | None = _timestamp()
+    # The Celery queue it was last published to: that of the smallest live worker size that
+    # fits num_gpus (shared.lifecycle.route_job). None until published.
+    queue: str | None = Field(default=None, max_length=200)
     attempts: int = 0
     max_restarts: int = 2
     # How far the worker has ingested the current attempt's events file and the training log,
@@ -176,6 +179,8 @@ class Worker(SQLModel, table=True):
     hostname: str
     accelerator: str  # "cuda" or "cpu"
     device_count: int
+    # The queue it consumes: one per worker size (shared.queue.size_queue).
+    queue: str | None = Field(default=None, max_length=200)
     # Set while the worker runs no job: a queued job waiting longer than an idle worker has
     # been idle was lost by the broker (the reconciler publishes it again).
     idle_since: datetime | None = _timestamp()

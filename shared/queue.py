@@ -70,19 +70,29 @@ def get_celery() -> Celery:
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
 
 
-def enqueue_job(job_id: uuid.UUID) -> None:
-    get_celery().send_task(
-        RUN_JOB_TASK, args=[str(job_id)], queue=get_settings().queue, retry=True, retry_policy=PUBLISH_RETRY
-    )
+def size_queue(settings: Settings, device_count: int) -> str:
+    """The queue the workers with ``device_count`` devices consume: ``tuneq-8gpu``.
+
+    One queue per worker size lets a deployment mix hosts: a job goes to the smallest size
+    that fits it (shared.lifecycle.route_job), so an 8-GPU host is not taken by 1-GPU jobs
+    while 1-GPU hosts sit idle. CPU workers count cores as devices.
+    """
+    return f"{settings.queue}-{device_count}gpu"
 
 
-def declare_embedded_queue(attempts: int = 5) -> None:
-    """Create the job queue in the embedded SQL broker before any process uses it.
+def enqueue_job(job_id: uuid.UUID, *, queue: str) -> None:
+    get_celery().send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue, retry=True, retry_policy=PUBLISH_RETRY)
+
+
+def declare_embedded_queue(queue: str, attempts: int = 5) -> None:
+    """Create a worker's queue in the embedded SQL broker before any process uses it.
 
     kombu's SQL transport creates a queue row on first use without guarding against a
     second process doing the same: an API publishing its first job while a worker starts
-    consuming can both insert it, and the loser crashes. Declaring it up front, retrying
-    that one race, leaves nothing to race over. Redis needs none of this.
+    consuming can both insert it, and the loser crashes. A worker declares its queue before
+    it registers, and the API publishes only to registered workers' queues, so nothing is
+    left to race over but two workers of one size starting together: that race is retried.
+    Redis needs none of this.
     """
     settings = get_settings()
     if not settings.uses_embedded_broker:
@@ -91,7 +101,7 @@ def declare_embedded_queue(attempts: int = 5) -> None:
     for attempt in range(1, attempts + 1):
         try:
             with app.connection_for_write() as conn:
-                app.amqp.queues[settings.queue].bind(conn.default_channel).declare()
+                app.amqp.queues[queue].bind(conn.default_channel).declare()
             return
         except Exception as e:  # the other process won the insert: the row exists now
             if attempt == attempts:

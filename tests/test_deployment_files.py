@@ -27,7 +27,7 @@ TUNEQ_SERVICES = ("migrate", "api", "worker")
 # Settings docker-compose.yml sets itself, to its services and volumes: not taken from .env.
 WIRED = {"home", "database_url", "broker_url", "allowed_roots"}
 # Read by the CLI from the environment rather than through Settings.
-NON_SETTINGS_TUNEQ_VARS = {"TUNEQ_LOG_LEVEL"}
+NON_SETTINGS_TUNEQ_VARS: set[str] = set()
 RUNS_MOUNT = "/var/lib/tuneq"
 
 # $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME

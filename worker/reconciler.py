@@ -13,7 +13,7 @@ import threading
 from datetime import timedelta
 
 from shared.db import session_scope
-from shared.lifecycle import expired_leases, mark_published, release_job, unpublished_jobs
+from shared.lifecycle import expired_leases, mark_published, release_job, route_job, unpublished_jobs
 from shared.models import JobStatus, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
@@ -34,13 +34,17 @@ def reconcile_once(*, settings: Settings) -> None:
         for job in unpublished_jobs(session=session, older_than=cutoff, live_since=live_since):
             if job.status != JobStatus.queued:
                 continue
+            queue = route_job(session=session, settings=settings, num_gpus=job.num_gpus)
+            if queue is None:  # no live worker is large enough (any more): wait for one
+                logger.debug("job %s: no live worker has %d devices; it stays queued", job.id, job.num_gpus)
+                continue
             try:
-                enqueue_job(job.id)
+                enqueue_job(job.id, queue=queue)
             except Exception as e:
                 logger.warning("cannot publish queued jobs yet (broker: %s); will retry", e)
                 return
-            mark_published(session=session, job_id=job.id)
-            logger.info("job %s published%s", job.id, " again" if job.enqueued_at else "")
+            mark_published(session=session, job_id=job.id, queue=queue)
+            logger.info("job %s published%s to %s", job.id, " again" if job.enqueued_at else "", queue)
 
 
 def run_reconciler(*, settings: Settings, stop: threading.Event) -> None:

@@ -17,7 +17,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutting_do
 
 from shared.db import init_db, session_scope
 from shared.lifecycle import mark_unpublished, register_worker, set_worker_idle, touch_worker
-from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery
+from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery, size_queue
 from shared.settings import get_settings
 from worker.launcher import HostHardware, detect_hardware
 from worker.reconciler import run_reconciler
@@ -54,6 +54,7 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             hostname=socket.gethostname(),
             accelerator=hardware.accelerator,
             device_count=hardware.device_count,
+            queue=size_queue(get_settings(), hardware.device_count),
         )
     logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
     threading.Thread(target=_heartbeat, args=(_stopping,), name="heartbeat", daemon=True).start()
@@ -84,11 +85,13 @@ def current_hardware() -> HostHardware:
     return _hardware
 
 
-def prepare_worker() -> None:
-    """What ``tuneq worker`` does before Celery starts: tables, directories, hardware."""
+def prepare_worker() -> str:
+    """What ``tuneq worker`` does before Celery starts: tables, directories, hardware, and
+    its size's queue (declared before it registers, so nobody publishes there before): its name."""
     init_db()
-    declare_embedded_queue()
-    current_hardware()
+    queue = size_queue(get_settings(), current_hardware().device_count)
+    declare_embedded_queue(queue)
+    return queue
 
 
 @celery_app.task(name=RUN_JOB_TASK)

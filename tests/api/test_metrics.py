@@ -46,6 +46,7 @@ def test_jobs_by_status_queue_depth_workers_and_pace(client: TestClient) -> None
     with Session(get_engine()) as session:
         for status in (JobStatus.queued, JobStatus.queued, JobStatus.succeeded):
             add_job(session, status)
+        add_job(session, JobStatus.queued).queue = "tuneq-2gpu"
         running = add_job(session, JobStatus.running)
         stalled = add_job(session, JobStatus.running)  # one step recorded: no pace yet
         session.flush()
@@ -62,11 +63,12 @@ def test_jobs_by_status_queue_depth_workers_and_pace(client: TestClient) -> None
 
     got = samples(client)
     assert got[("tuneq_database_up", ())] == 1
-    assert got[("tuneq_jobs", (("status", "queued"),))] == 2
+    assert got[("tuneq_jobs", (("status", "queued"),))] == 3
     assert got[("tuneq_jobs", (("status", "running"),))] == 2
     assert got[("tuneq_jobs", (("status", "succeeded"),))] == 1
     assert got[("tuneq_jobs", (("status", "failed"),))] == 0
-    assert got[("tuneq_queue_depth", ())] == 2
+    assert got[("tuneq_queue_depth", (("queue", ""),))] == 2  # not published yet
+    assert got[("tuneq_queue_depth", (("queue", "tuneq-2gpu"),))] == 1
     assert got[("tuneq_workers", ())] == 1
     assert got[("tuneq_job_steps_per_second", (("job_id", str(running_id)),))] == pytest.approx(2.0, rel=1e-3)
     assert ("tuneq_job_steps_per_second", (("job_id", str(stalled_id)),)) not in got

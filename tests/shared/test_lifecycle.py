@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from shared.db import get_engine
@@ -19,10 +20,12 @@ from shared.lifecycle import (
     release_job,
     renew_lease,
     request_cancel,
+    route_job,
     set_worker_idle,
     unpublished_jobs,
 )
-from shared.models import Job, JobEvent, JobStatus, utcnow
+from shared.models import Job, JobEvent, JobStatus, Worker, utcnow
+from shared.settings import get_settings
 
 
 def new_job(**fields: object) -> Job:
@@ -125,24 +128,59 @@ def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url
     soon = utcnow() + timedelta(seconds=1)
     long_ago = utcnow() - timedelta(days=1)
     with session() as s:
-        mark_published(session=s, job_id=published.id)
+        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1, queue="q-1gpu")
+        set_worker_idle(session=s, worker_id="w", idle=False)
+        mark_published(session=s, job_id=published.id, queue="q-1gpu")
 
         def lost(older_than: datetime) -> set[object]:
             return {j.id for j in unpublished_jobs(session=s, older_than=older_than, live_since=long_ago)}
 
-        assert lost(soon) == {never.id}  # no worker at all: only the never-published job
-        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1)
-        set_worker_idle(session=s, worker_id="w", idle=False)
         assert lost(soon) == {never.id}  # the worker is busy: the message is waiting, not lost
+        register_worker(session=s, worker_id="w8", hostname="h", accelerator="cpu", device_count=8, queue="q-8gpu")
+        assert lost(soon) == {never.id}  # an idle worker of another size would not have taken it
         set_worker_idle(session=s, worker_id="w", idle=True)
-        assert lost(soon) == {never.id, published.id}  # idle since before the cutoff, yet no claim
+        assert lost(soon) == {never.id, published.id}  # its queue's worker idle since before the cutoff, no claim
         assert lost(utcnow() - timedelta(seconds=60)) == {never.id}  # published too recently
+
+
+def test_a_job_whose_queue_lost_its_workers_is_published_again(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1, queue="q-1gpu")
+        set_worker_idle(session=s, worker_id="w", idle=False)
+        mark_published(session=s, job_id=job.id, queue="q-1gpu")
+        soon = utcnow() + timedelta(seconds=1)
+        assert unpublished_jobs(session=s, older_than=soon, live_since=utcnow() - timedelta(days=1)) == []
+        # The 1-GPU worker is no longer seen: the message waits in a queue nobody consumes.
+        later = utcnow() + timedelta(seconds=5)
+        assert [j.id for j in unpublished_jobs(session=s, older_than=later, live_since=later)] == [job.id]
+
+
+def test_a_job_goes_to_the_smallest_live_worker_size_that_fits(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEQ_QUEUE", "tq")
+    get_settings.cache_clear()
+    settings = get_settings()
+    with session() as s:
+        assert route_job(session=s, settings=settings, num_gpus=1) is None  # no worker yet: wait for one
+        for worker_id, n in (("w2", 2), ("w8", 8)):
+            register_worker(
+                session=s, worker_id=worker_id, hostname="h", accelerator="cuda", device_count=n, queue=f"tq-{n}gpu"
+            )
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-2gpu"
+        assert route_job(session=s, settings=settings, num_gpus=2) == "tq-2gpu"
+        assert route_job(session=s, settings=settings, num_gpus=3) == "tq-8gpu"
+        assert route_job(session=s, settings=settings, num_gpus=9) is None
+        s.execute(update(Worker).where(col(Worker.id) == "w2").values(last_seen_at=utcnow() - timedelta(days=1)))
+        s.commit()
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-8gpu"  # the 2-GPU host is gone
 
 
 def test_a_dropped_delivery_is_published_again(database_url: str) -> None:
     job = new_job()
     with session() as s:
-        mark_published(session=s, job_id=job.id)
+        mark_published(session=s, job_id=job.id, queue="q-1gpu")
         assert unpublished_jobs(session=s, older_than=utcnow() - timedelta(days=1), live_since=utcnow()) == []
         mark_unpublished(session=s, job_id=job.id)
         assert [j.id for j in unpublished_jobs(session=s, older_than=utcnow(), live_since=utcnow())] == [job.id]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 STARTUP = (
     "from shared.db import init_db; from shared.queue import declare_embedded_queue; "
-    "init_db(); declare_embedded_queue()"
+    "init_db(); declare_embedded_queue('tuneq-2gpu')"
 )
 
 

@@ -1,4 +1,7 @@
-"""Idempotency keys unique per owner, not across owners: two teams may pick the same key.
+"""Idempotency keys unique per owner; one Celery queue per worker size (jobs.queue, workers.queue).
+
+Two teams may pick the same idempotency key. A job records the queue it was published to and
+a worker the queue it consumes, so the reconciler can tell a lost message from a waiting one.
 
 Revision ID: 0006
 Revises: 0005
@@ -9,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 # revision identifiers, used by Alembic.
@@ -27,10 +32,16 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs", naming_convention=NAMING) as batch_op:
         batch_op.drop_constraint(OLD, type_="unique")
         batch_op.create_unique_constraint(NEW, ["owner", "idempotency_key"])
+        batch_op.add_column(sa.Column("queue", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True))
+    with op.batch_alter_table("workers") as batch_op:
+        batch_op.add_column(sa.Column("queue", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("workers") as batch_op:
+        batch_op.drop_column("queue")
     # Fails, as it should, where two owners already share a key.
     with op.batch_alter_table("jobs", naming_convention=NAMING) as batch_op:
+        batch_op.drop_column("queue")
         batch_op.drop_constraint(NEW, type_="unique")
         batch_op.create_unique_constraint(OLD, ["idempotency_key"])
