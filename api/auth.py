@@ -10,6 +10,7 @@ import json
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import SessionDep, SettingsDep
@@ -23,7 +24,17 @@ def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
     return HTTPException(status_code=401, detail=message, headers={"WWW-Authenticate": challenge})
 
 
-def current_owner(request: Request, session: SessionDep, settings: SettingsDep) -> str:
+# Declares the scheme in the OpenAPI document (so clients and fuzzers know a 401 means "send a key");
+# the header is still read below, for refusals that say what is wrong with it.
+_bearer = HTTPBearer(auto_error=False, description="An API key: `tuneq keys create --owner NAME`")
+
+
+def current_owner(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
     if not settings.auth_required:
         return LOCAL_OWNER
     header = request.headers.get("authorization")

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from api.auth import BodySizeLimit
 from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
-from api.routes import health, jobs
+from api.routes import dashboard, health, jobs
 from shared.db import init_db
 from shared.deepspeed_config import known_top_level_keys
 
@@ -44,6 +44,7 @@ def create_app() -> FastAPI:
     app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s too
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(dashboard.router)  # the web UI at /, outside the OpenAPI schema
     return app
 
 

@@ -49,44 +49,54 @@ def _steps_per_second(session: Session, job_id: Any) -> float | None:
 class JobStateCollector(Collector):
     """Jobs by status, the queue's depth, live workers and each running job's pace, from SQL."""
 
+    def describe(self) -> Iterator[Metric]:
+        # What registering asks for: the names only, without reading the database (an app is
+        # often built before its database is there, e.g. to render /openapi.json).
+        return iter(self._families().values())
+
+    def _families(self) -> dict[str, GaugeMetricFamily]:
+        return {
+            "up": GaugeMetricFamily("tuneq_database_up", "Whether the last scrape could read the database."),
+            "jobs": GaugeMetricFamily("tuneq_jobs", "Jobs by status.", labels=["status"]),
+            "queued": GaugeMetricFamily(
+                "tuneq_queue_depth",
+                'Jobs submitted and not yet claimed, by the queue they were published to ("" before any).',
+                labels=["queue"],
+            ),
+            "workers": GaugeMetricFamily("tuneq_workers", "Workers seen recently (TUNEQ_WORKER_SEEN_SECONDS)."),
+            "pace": GaugeMetricFamily(
+                "tuneq_job_steps_per_second", "Optimizer steps per second of each running job.", labels=["job_id"]
+            ),
+        }
+
     def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily("tuneq_jobs", "Jobs by status.", labels=["status"])
-        queued = GaugeMetricFamily(
-            "tuneq_queue_depth",
-            'Jobs submitted and not yet claimed, by the queue they were published to ("" before any).',
-            labels=["queue"],
-        )
-        workers = GaugeMetricFamily("tuneq_workers", "Workers seen recently (TUNEQ_WORKER_SEEN_SECONDS).")
-        pace = GaugeMetricFamily(
-            "tuneq_job_steps_per_second", "Optimizer steps per second of each running job.", labels=["job_id"]
-        )
-        up = GaugeMetricFamily("tuneq_database_up", "Whether the last scrape could read the database.")
+        f = self._families()
         try:
             with Session(get_engine()) as session:
                 counts = dict(session.exec(select(Job.status, func.count()).group_by(Job.status)).all())
                 for status in JobStatus:
-                    jobs.add_metric([status.value], counts.get(status, 0))
+                    f["jobs"].add_metric([status.value], counts.get(status, 0))
                 waiting = session.exec(
                     select(Job.queue, func.count()).where(col(Job.status) == JobStatus.queued).group_by(Job.queue)
                 ).all()
                 for queue, count in waiting:
-                    queued.add_metric([queue or ""], count)
+                    f["queued"].add_metric([queue or ""], count)
                 since = utcnow() - timedelta(seconds=get_settings().worker_seen_seconds)
                 seen = session.exec(select(func.count()).select_from(Worker).where(col(Worker.last_seen_at) >= since))
-                workers.add_metric([], seen.one())
+                f["workers"].add_metric([], seen.one())
                 running = session.exec(select(Job.id).where(col(Job.status) == JobStatus.running)).all()
                 for job_id in running:
                     rate = _steps_per_second(session, job_id)
                     if rate is not None:
-                        pace.add_metric([str(job_id)], rate)
+                        f["pace"].add_metric([str(job_id)], rate)
         except Exception:
             # A scrape must still answer (and say the database is down) rather than fail.
             logger.exception("could not read job state for /metrics")
-            up.add_metric([], 0)
-            yield up
+            f["up"].add_metric([], 0)
+            yield f["up"]
             return
-        up.add_metric([], 1)
-        yield from (up, jobs, queued, workers, pace)
+        f["up"].add_metric([], 1)
+        yield from f.values()
 
 
 def build_registry() -> tuple[CollectorRegistry, Histogram]:

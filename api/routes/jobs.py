@@ -10,6 +10,7 @@ from sse_starlette.sse import EventSourceResponse
 from api import jobs_service, plan_service
 from api.auth import OwnerDep, current_owner
 from api.deps import SessionDep, SettingsDep
+from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
 from shared.lifecycle import JobFinishedError
@@ -38,10 +39,13 @@ router = APIRouter(
     tags=["jobs"],
     route_class=StrictJSONRoute,
     dependencies=[Depends(current_owner)],
-    responses={401: {"description": "No API key, or an unknown or revoked one"}},
+    responses=UNAUTHORIZED,
 )
 
 RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
+# Offsets and event cursors are bound as SQL INTEGERs, 32 bits on Postgres (event ids are an INTEGER
+# primary key, so no cursor is larger): a larger value is a 422 naming the parameter, not a 500.
+SQL_INT_MAX = 2**31 - 1
 
 
 def _job_or_404(session: SessionDep, job_id: uuid.UUID, owner: str) -> Job:
@@ -58,8 +62,9 @@ def _job_or_404(session: SessionDep, job_id: uuid.UUID, owner: str) -> Job:
     response_model=JobPublic,
     responses={
         200: {"model": JobPublic, "description": "The job an earlier request with this Idempotency-Key made"},
-        409: {"description": "The Idempotency-Key was used with a different body"},
-        429: {"description": "The owner has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs; see Retry-After"},
+        409: error("The Idempotency-Key was used with a different body"),
+        429: error("The owner has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs; see Retry-After"),
+        **BODY_ERRORS,
     },
 )
 def create_job(
@@ -86,7 +91,7 @@ def create_job(
     return JobPublic.from_job(job)
 
 
-@router.post("/plan", response_model=JobPlan)
+@router.post("/plan", response_model=JobPlan, responses=BODY_ERRORS)
 def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep, owner: OwnerDep) -> JobPlan:
     """Validate a job and work out what it would do (dataset statistics, steps, memory per
     device) without running it. Same body and same 422 answers as ``POST /jobs``."""
@@ -102,19 +107,19 @@ def list_jobs(
     session: SessionDep,
     owner: OwnerDep,
     status: JobStatus | None = None,
-    skip: int = Query(default=0, ge=0),
+    skip: int = Query(default=0, ge=0, le=SQL_INT_MAX),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
     jobs, count = jobs_service.list_jobs(session=session, owner=owner, status=status, skip=skip, limit=limit)
     return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
 def get_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
     return JobPublic.from_job(_job_or_404(session, job_id, owner))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, responses={409: {"description": "The job already ended"}})
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
 def cancel_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
     """A queued job is cancelled at once; a running one goes through `cancelling`."""
     _job_or_404(session, job_id, owner)
@@ -124,14 +129,14 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPu
         raise HTTPException(status_code=409, detail=str(e)) from None
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPublic)
+@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)
 def get_metrics(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> MetricsPublic:
     _job_or_404(session, job_id, owner)
     rows = jobs_service.list_metrics(session=session, job_id=job_id)
     return MetricsPublic(data=[MetricPublic.model_validate(r) for r in rows])
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
+@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=NOT_FOUND)
 def get_checkpoints(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> CheckpointsPublic:
     _job_or_404(session, job_id, owner)
     rows = jobs_service.list_checkpoints(session=session, job_id=job_id)
@@ -146,7 +151,8 @@ def _sse(job_id: uuid.UUID, after: int) -> EventSourceResponse:
     "/{job_id}/events",
     response_model=EventsPublic,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with Accept: text/event-stream"}
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with Accept: text/event-stream"},
+        **NOT_FOUND,
     },
 )
 def get_events(
@@ -154,9 +160,11 @@ def get_events(
     request: Request,
     session: SessionDep,
     owner: OwnerDep,
-    after: int = Query(default=0, ge=0, description="Return events with an id greater than this cursor"),
+    after: int = Query(
+        default=0, ge=0, le=SQL_INT_MAX, description="Return events with an id greater than this cursor"
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
 ) -> EventsPublic | EventSourceResponse:
     _job_or_404(session, job_id, owner)
     cursor = last_event_id if last_event_id is not None else after
@@ -166,20 +174,20 @@ def get_events(
     return EventsPublic(data=[EventPublic.model_validate(r) for r in rows], next_cursor=rows[-1].id if rows else None)
 
 
-@router.get("/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}})
+@router.get("/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 def stream_events(
     job_id: uuid.UUID,
     session: SessionDep,
     owner: OwnerDep,
-    after: int = Query(default=0, ge=0),
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    after: int = Query(default=0, ge=0, le=SQL_INT_MAX),
+    last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events; ends after the job's terminal status. `Last-Event-ID` resumes."""
     _job_or_404(session, job_id, owner)
     return _sse(job_id, last_event_id if last_event_id is not None else after)
 
 
-@router.get("/{job_id}/logs", response_model=LogsPublic, responses={200: {"content": {"text/plain": {}}}})
+@router.get("/{job_id}/logs", response_model=LogsPublic, responses={200: {"content": {"text/plain": {}}}, **NOT_FOUND})
 def get_logs(
     job_id: uuid.UUID,
     session: SessionDep,

@@ -1,0 +1,165 @@
+"""Fuzz the real app from its own ``/openapi.json``: no 5xx, and every response is one the schema declares.
+
+Schemathesis generates requests (valid and invalid) for every operation and sends them in process
+to ``create_app()`` on a migrated database (SQLite and Postgres, like the other API tests).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from schemathesis import Case
+from schemathesis.checks import CheckFunction
+from schemathesis.python import asgi
+from schemathesis.schemas import BaseSchema
+from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
+    ignored_auth,
+    positive_data_acceptance,
+    unsupported_method,
+)
+
+from api.main import create_app
+from shared.samples import seed_config
+
+
+@pytest.fixture
+def seeded_job(database_url: str, tuneq_home: Path) -> str:
+    """One real job, so that the `{job_id}` operations also answer for a row that exists, not only 404.
+
+    It is cancelled at once: a job that has ended is one whose live streams (`follow=true` logs,
+    `Accept: text/event-stream` events) finish by themselves instead of waiting for a worker.
+    """
+    model = tuneq_home / "data" / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"x")
+    dataset = tuneq_home / "data" / "train.jsonl"
+    dataset.write_text('{"text": "hello world"}\n')
+    body: dict[str, Any] = {"model": str(model), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
+    client = TestClient(create_app())  # no lifespan: the database_url fixture has migrated the database
+    created = client.post("/jobs", json=body)
+    assert created.status_code == 201, created.text
+    job_id: str = created.json()["id"]
+    assert client.post(f"/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    return job_id
+
+
+@pytest.fixture
+def app_client(database_url: str) -> Iterator[asgi.ASGIClient]:
+    """Schemathesis's in-process client for a fresh app on this test's database, lifespan included."""
+    with asgi.get_client(create_app()) as client:
+        yield client
+    # Schemathesis keeps each app's lifespan running until the process exits; end it with the test,
+    # before the fixtures above drop this test's database and settings.
+    asgi.shutdown_lifespans()
+
+
+def _schema(*, keys_required: bool) -> BaseSchema:
+    # The schema is the app's own (`/openapi.json` serves exactly `app.openapi()`); building it needs
+    # no database, so it can happen at collection time, and each test sends its cases to its own app.
+    loaded = schemathesis.openapi.from_dict(create_app().openapi())
+    if not keys_required:
+        # With TUNEQ_AUTH=off every caller is the owner `local` by design: no `Authorization` header is
+        # generated (nor its absence counted as invalid data), and a made-up key is not refused.
+        loaded.config.generation.update(with_security_parameters=False)
+    # `/jobs/{job_id}/events/stream` is Server-Sent Events only: for an existing job that has not ended
+    # it never finishes by itself, and schemathesis reads a stream until it ends (or a read timeout).
+    # The same stream is fuzzed through `GET /jobs/{job_id}/events` (its `Accept: text/event-stream`
+    # form, same handler code), where the seeded job has ended, so those streams finish.
+    return loaded.exclude(path="/jobs/{job_id}/events/stream")
+
+
+schema = _schema(keys_required=False)
+schema_with_keys = _schema(keys_required=True)
+
+
+def _is_uuid(value: object) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def _excluded_checks(case: Case, *, keys_required: bool) -> list[CheckFunction]:
+    """Every check runs (no 5xx, declared status, content type, headers, body shape, invalid data
+    refused, undeclared methods refused, bad keys refused) except where its premise does not hold."""
+    excluded: list[CheckFunction] = [] if keys_required else [ignored_auth]  # see `_schema`
+    if case.operation.path == "/jobs/plan":
+        # `GET /jobs/plan` is not an undeclared method: it is `GET /jobs/{job_id}` with a malformed id,
+        # rightly a 422 (or 401 without a key), where this check wants 405.
+        excluded.append(unsupported_method)
+    if case.operation.path == "/jobs":
+        # Starlette answers a path served by two routes (`GET /jobs`, `POST /jobs`) with the `Allow` of
+        # the first route only, so `OPTIONS /jobs` says `Allow: POST` and this check wants GET in it too.
+        excluded.append(allow_header_conformance)
+    if case.body is not None:
+        # A schema-valid job body (POST /jobs, /jobs/plan) still names a model and a dataset that must
+        # exist inside TUNEQ_ALLOWED_ROOTS, and a DeepSpeed config DeepSpeed accepts: no JSON Schema can
+        # say so, so generated bodies are rightly refused with a 422 naming the field.
+        excluded.append(positive_data_acceptance)
+    return excluded
+
+
+@schema.parametrize()
+@schema.given(existing=st.booleans())
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+def test_every_operation_answers_as_its_schema_says(
+    case: Case, existing: bool, seeded_job: str, app_client: asgi.ASGIClient
+) -> None:
+    if existing and case.path_parameters and _is_uuid(case.path_parameters.get("job_id")):
+        case.path_parameters["job_id"] = seeded_job  # a malformed id (a negative case) stays as generated
+    case.call_and_validate(
+        session=app_client, base_url=app_client.base_url, excluded_checks=_excluded_checks(case, keys_required=False)
+    )
+
+
+@schema_with_keys.parametrize()
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+def test_without_an_api_key_every_operation_answers_as_its_schema_says(
+    case: Case, app_client: asgi.ASGIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same checks with API keys required and no valid one sent (none, or made-up ones): 401s."""
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("TUNEQ_AUTH", "on")
+    get_settings.cache_clear()
+    case.call_and_validate(
+        session=app_client, base_url=app_client.base_url, excluded_checks=_excluded_checks(case, keys_required=True)
+    )
+
+
+def test_the_fuzzed_schema_is_the_served_one_with_the_job_operations(tuneq_home: Path) -> None:
+    """Guards the fuzz test against silently fuzzing nothing (a renamed path, an empty schema), and
+    the exclusion above against going stale."""
+    served = TestClient(create_app()).get("/openapi.json").json()
+    assert served == create_app().openapi()
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/logs"} <= set(served["paths"])
+    assert "/jobs/{job_id}/events/stream" in served["paths"]
+
+
+def test_the_largest_offsets_and_cursors_answer_and_larger_ones_are_422(seeded_job: str) -> None:
+    """What the fuzzer found: `skip` / `after` / `Last-Event-ID` past a SQL INTEGER were a driver overflow
+    (500) instead of a 422 naming the parameter."""
+    from api.routes.jobs import SQL_INT_MAX
+
+    client = TestClient(create_app())
+    too_large = str(SQL_INT_MAX + 1)
+    assert client.get("/jobs", params={"skip": SQL_INT_MAX}).json()["data"] == []
+    assert client.get(f"/jobs/{seeded_job}/events", params={"after": SQL_INT_MAX}).json()["data"] == []
+    for response, loc in [
+        (client.get("/jobs", params={"skip": too_large}), ["query", "skip"]),
+        (client.get(f"/jobs/{seeded_job}/events", params={"after": too_large}), ["query", "after"]),
+        (client.get(f"/jobs/{seeded_job}/events", headers={"Last-Event-ID": too_large}), ["header", "last-event-id"]),
+    ]:
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"][0]["loc"] == loc
