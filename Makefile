@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.tuneq-installed
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast lint format clean bench
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# Benchmarks (BENCHMARKS.md): writes benchmarks/results/<date>.json, prints the table.
+# BENCH_ARGS="--only B4,B5 --repeats 5" picks benchmarks and repeats.
+bench: install
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -15,5 +15,9 @@ def get_session() -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# Closed when the route function returns, not when the response ends: an event stream or a
+# followed log may stay open for hours, and must not hold a pooled connection all that time
+# (it opens short sessions of its own). Routes return plain models, so nothing reads the
+# session after the function.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -15,6 +15,9 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, or_, select
 
+# Imported for its SQLAlchemy listeners: every process that records events here (the API and the
+# workers' ingest) publishes the Redis wake-ups that event streams wait on, after each commit.
+import shared.job_events  # noqa: F401
 from shared.models import ErrorCode, EventType, Job, JobEvent, JobStatus, Worker, utcnow
 from shared.queue import size_queue
 from shared.settings import Settings

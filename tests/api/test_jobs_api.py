@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -232,3 +233,17 @@ def test_duplicate_json_keys_are_refused(client: TestClient, body: dict[str, Any
     assert (
         client.post("/jobs", content=json.dumps(body), headers={"content-type": "application/json"}).status_code == 201
     )
+
+
+@pytest.mark.parametrize("path", ["/events/stream", "/logs?follow=true"])
+def test_an_open_stream_holds_no_database_connection(client: TestClient, body: dict[str, Any], path: str) -> None:
+    # Hundreds of dashboards and `--follow`s stay connected for hours; the pool has a few dozen.
+    job_id = client.post("/jobs", json=body).json()["id"]
+    pool = get_engine().pool
+    with client.stream("GET", f"/jobs/{job_id}{path}") as response:
+        assert response.status_code == 200
+        # The stream's own polls take a connection for a moment; between them it holds none.
+        deadline = time.monotonic() + 10
+        while pool.checkedout() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        assert pool.checkedout() == 0  # type: ignore[attr-defined]

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from sqlmodel import Session, col, select
 
 from shared.db import get_engine
@@ -97,3 +101,40 @@ def test_offsets_are_committed_with_the_rows_and_leftovers_replay_up_to_a_step(
         leftovers.poll(session)
         rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
     assert [r.step for r in rows] == [1, 2, 3]  # step 4 is superseded: the next attempt trains it again
+
+
+# What the worker's processes import: no more (an API import would hide a missing one).
+WORKER_RECORDS_A_METRIC = """
+import sys, uuid
+from pathlib import Path
+from sqlmodel import Session
+from shared.db import get_engine
+from worker.ingest import EventIngestor
+assert "api" not in sys.modules
+job_id, events = uuid.UUID(sys.argv[1]), Path(sys.argv[2])
+events.write_text(sys.argv[3] + "\\n")
+with Session(get_engine()) as session:
+    assert EventIngestor(events_path=events, log_path=events.with_suffix(".log"), job_id=job_id).poll(session) == 1
+"""
+
+
+def test_the_worker_wakes_event_streams_through_redis(
+    database_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+
+    from shared.job_events import channel
+
+    job = new_job()
+    subscriber = redis.Redis.from_url(redis_url).pubsub()
+    subscriber.subscribe(channel(job.id))
+    assert subscriber.get_message(timeout=5)["type"] == "subscribe"
+    env = {**os.environ, "TUNEQ_BROKER_URL": redis_url}
+    subprocess.run(
+        [sys.executable, "-c", WORKER_RECORDS_A_METRIC, str(job.id), str(tmp_path / "events.jsonl"), metric(1, 2.0)],
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    message = subscriber.get_message(timeout=10)
+    assert message is not None and message["type"] == "message", "the worker published no wake-up"

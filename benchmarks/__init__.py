@@ -1,0 +1,1 @@
+"""`make bench`: tuneq's overhead measured against bare baselines (see BENCHMARKS.md)."""

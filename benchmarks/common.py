@@ -1,0 +1,131 @@
+"""What several benchmarks share: real processes, a fresh Postgres schema, latency percentiles."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+POSTGRES_URL = os.environ.get("TUNEQ_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TUNEQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def fresh_postgres_schema(url: str = POSTGRES_URL) -> str:
+    """A URL whose connections use a new, empty schema (as tests/services.py does)."""
+    import sqlalchemy
+    from sqlalchemy import text
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine.dispose()
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options=-csearch_path%3D{schema}"
+
+
+def drop_schema(url: str) -> None:
+    import sqlalchemy
+    from sqlalchemy import text
+
+    schema = url.rsplit("search_path%3D", 1)[-1]
+    if not schema.startswith("bench_"):
+        return
+    base = url.split("?", 1)[0]
+    engine = sqlalchemy.create_engine(base)
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    engine.dispose()
+
+
+def tuneq_env(*, home: Path, database_url: str, broker_url: str = REDIS_URL) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TUNEQ_HOME": str(home),
+        "TUNEQ_DATABASE_URL": database_url,
+        "TUNEQ_BROKER_URL": broker_url,
+        "TUNEQ_AUTH": "off",
+    }
+
+
+def migrate(env: dict[str, str], log: Path) -> None:
+    with log.open("ab") as out:
+        subprocess.run(
+            [sys.executable, "-m", "shared.cli", "migrate"],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+            timeout=120,
+        )
+
+
+class Server:
+    """A real server process in its own session, stopped as a group."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str], log: Path, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                list(argv), env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.log = log
+
+    def wait_ready(self, path: str, *, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log}")
+            try:
+                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"server not ready; see {self.log}")
+
+    def stop(self, *, timeout: float = 30) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def keep_log(log: Path, name: str) -> Path:
+    """Copy a server log out of a temporary home, so a failure can be read afterwards."""
+    import shutil
+    import tempfile
+
+    kept = Path(tempfile.gettempdir()) / "tuneq-bench-logs" / f"{name}-{int(time.time())}.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    if log.exists():
+        shutil.copy(log, kept)
+    return kept
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), nearest rank: p99 of 1000 samples is the 990th smallest."""
+    if not values:
+        raise ValueError("no samples")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
