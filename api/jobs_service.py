@@ -6,15 +6,14 @@ import hashlib
 import json
 import logging
 import uuid
-from datetime import timedelta
 
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from shared.job_events import list_events
-from shared.lifecycle import mark_published, record_event, request_cancel, route_job
-from shared.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, Worker, utcnow
+from shared.lifecycle import live_since, mark_published, record_event, request_cancel, route_job
+from shared.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, Worker
 from shared.queue import enqueue_job
 from shared.settings import Settings
 from shared.spec import JobCreate, TrainingOptions
@@ -26,8 +25,7 @@ logger = logging.getLogger(__name__)
 
 def deployment_hardware(*, session: Session, settings: Settings) -> Hardware:
     """What the workers seen lately offer; unknown (None) when none has been seen."""
-    since = utcnow() - timedelta(seconds=settings.worker_seen_seconds)
-    workers = session.exec(select(Worker).where(col(Worker.last_seen_at) >= since)).all()
+    workers = session.exec(select(Worker).where(col(Worker.last_seen_at) >= live_since(settings))).all()
     if not workers:
         return Hardware()
     return Hardware(

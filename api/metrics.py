@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
-from datetime import timedelta
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func
@@ -22,7 +21,8 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.db import get_engine
-from shared.models import Job, JobMetric, JobStatus, Worker, utcnow
+from shared.lifecycle import live_since
+from shared.models import Job, JobMetric, JobStatus, Worker
 from shared.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 RATE_WINDOW_STEPS = 20
 
 
-def _steps_per_second(session: Session, job_id: Any) -> float | None:
+def _steps_per_second(session: Session, job_id: uuid.UUID) -> float | None:
     rows = session.exec(
         select(JobMetric.step, JobMetric.time)
         .where(col(JobMetric.job_id) == job_id)
@@ -81,7 +81,7 @@ class JobStateCollector(Collector):
                 ).all()
                 for queue, count in waiting:
                     f["queued"].add_metric([queue or ""], count)
-                since = utcnow() - timedelta(seconds=get_settings().worker_seen_seconds)
+                since = live_since(get_settings())
                 seen = session.exec(select(func.count()).select_from(Worker).where(col(Worker.last_seen_at) >= since))
                 f["workers"].add_metric([], seen.one())
                 running = session.exec(select(Job.id).where(col(Job.status) == JobStatus.running)).all()
@@ -157,6 +157,4 @@ class RequestLatency:
 
 
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,17 +18,10 @@ REDIS_URL = os.environ.get("TUNEQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 
 
 def fresh_postgres_schema(url: str = POSTGRES_URL) -> str:
-    """A URL whose connections use a new, empty schema (as tests/services.py does)."""
-    import sqlalchemy
-    from sqlalchemy import text
+    """A URL whose connections use a new, empty ``bench_`` schema (the tests' own helper)."""
+    from tests.services import fresh_postgres_schema as new_schema
 
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    separator = "&" if "?" in url else "?"
-    return f"{url}{separator}options=-csearch_path%3D{schema}"
+    return new_schema(url, prefix="bench")
 
 
 def drop_schema(url: str) -> None:

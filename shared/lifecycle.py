@@ -227,16 +227,22 @@ def unpublished_jobs(*, session: Session, older_than: datetime, live_since: date
     return list(session.exec(query).all())
 
 
+def live_since(settings: Settings) -> datetime:
+    """Workers seen since then count as live (TUNEQ_WORKER_SEEN_SECONDS)."""
+    return utcnow() - timedelta(seconds=settings.worker_seen_seconds)
+
+
 def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | None:
     """The queue a job of ``num_gpus`` goes to: that of the smallest live worker size that fits.
 
     None while no live worker fits (none has started yet, or the large ones are gone): the
     job stays unpublished and a worker's reconciler publishes it once one is there.
     """
-    live_since = utcnow() - timedelta(seconds=settings.worker_seen_seconds)
     sizes = session.exec(
         select(Worker.device_count).where(
-            col(Worker.last_seen_at) >= live_since, col(Worker.device_count) >= num_gpus, col(Worker.queue).is_not(None)
+            col(Worker.last_seen_at) >= live_since(settings),
+            col(Worker.device_count) >= num_gpus,
+            col(Worker.queue).is_not(None),
         )
     ).all()
     return size_queue(settings, min(sizes)) if sizes else None

@@ -7,11 +7,11 @@ import uuid
 from sqlalchemy import text
 
 
-def fresh_postgres_schema(url: str) -> str:
+def fresh_postgres_schema(url: str, *, prefix: str = "t") -> str:
     """A URL whose connections use a new, empty schema, so tests never see each other's rows."""
     import sqlalchemy
 
-    schema = f"t_{uuid.uuid4().hex[:12]}"
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     engine = sqlalchemy.create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))

@@ -27,7 +27,6 @@ from shared.api_keys import create_key, is_loopback
 from shared.db import get_engine
 from shared.models import ApiKey, Job
 from shared.ports import free_port
-from shared.samples import seed_config
 from shared.settings import get_settings
 from shared.storage import RunLayout
 
@@ -57,17 +56,6 @@ def app_client(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[T
     auth_on(monkeypatch)
     with TestClient(create_app()) as c:
         yield c
-
-
-@pytest.fixture
-def body(tuneq_home: Path) -> dict[str, Any]:
-    model = tuneq_home / "data" / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"x")
-    dataset = tuneq_home / "data" / "train.jsonl"
-    dataset.write_text('{"text": "hello world"}\n')
-    return {"model": str(model), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
 
 
 @pytest.fixture
@@ -241,14 +229,15 @@ def test_too_many_active_jobs_is_429_with_retry_after(
         submit(client, alice, body, name="3")  # a cancelled job is no longer active
 
 
+# Postgres only: the per-owner lock is Postgres's (SQLite has one writer at a time and, as the
+# embedded default, one user).
+@pytest.mark.parametrize("empty_database_url", ["postgres"], indirect=True)
 def test_concurrent_submits_do_not_pass_the_active_job_limit(
     database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
 ) -> None:
     from api.jobs_service import ActiveJobLimitError, create_job
     from shared.spec import JobCreate
 
-    if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite: one writer at a time and one user; the per-owner lock is Postgres's")
     monkeypatch.setenv("TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER", "2")
     get_settings.cache_clear()
     settings = get_settings()

@@ -27,27 +27,6 @@ def client(database_url: str) -> Iterator[TestClient]:
         yield c
 
 
-@pytest.fixture
-def model_dir(tuneq_home: Path) -> Path:
-    path = tuneq_home / "data" / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"x")
-    return path
-
-
-@pytest.fixture
-def dataset(tuneq_home: Path) -> Path:
-    path = tuneq_home / "data" / "train.jsonl"
-    path.write_text('{"text": "hello world"}\n')
-    return path
-
-
-@pytest.fixture
-def body(model_dir: Path, dataset: Path) -> dict[str, Any]:
-    return {"model": str(model_dir), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
-
-
 def job_count() -> int:
     with Session(get_engine()) as session:
         return len(session.exec(select(Job)).all())

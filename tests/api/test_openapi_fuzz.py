@@ -28,23 +28,15 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.main import create_app
-from shared.samples import seed_config
 
 
 @pytest.fixture
-def seeded_job(database_url: str, tuneq_home: Path) -> str:
+def seeded_job(database_url: str, body: dict[str, Any]) -> str:
     """One real job, so that the `{job_id}` operations also answer for a row that exists, not only 404.
 
     It is cancelled at once: a job that has ended is one whose live streams (`follow=true` logs,
     `Accept: text/event-stream` events) finish by themselves instead of waiting for a worker.
     """
-    model = tuneq_home / "data" / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"x")
-    dataset = tuneq_home / "data" / "train.jsonl"
-    dataset.write_text('{"text": "hello world"}\n')
-    body: dict[str, Any] = {"model": str(model), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
     client = TestClient(create_app())  # no lifespan: the database_url fixture has migrated the database
     created = client.post("/jobs", json=body)
     assert created.status_code == 201, created.text

@@ -57,6 +57,18 @@ class Tuneq:
                 timeout=120,
             )
 
+    def create_key(self, owner: str) -> str:
+        """``tuneq keys create --owner OWNER`` against this deployment's database: the key."""
+        created = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "keys", "create", "--owner", owner],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        return created.stdout.strip()
+
     def start(self, *, timeout: float = 120, workers: int = 1, ready: str = "/readyz") -> Tuneq:
         self.home.mkdir(parents=True, exist_ok=True)
         if not self.env.get("TUNEQ_DATABASE_URL", "sqlite").startswith("sqlite"):

@@ -186,15 +186,7 @@ def test_api_keys(tmp_path_factory: pytest.TempPathFactory, workdir: Path) -> No
     api = Tuneq(home=tmp_path_factory.mktemp("cli-auth") / "home", env={"TUNEQ_AUTH": "on"}, split=True)
     api.start(workers=0)
     try:
-        created = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "keys", "create", "--owner", "alice"],
-            env=api.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        key = created.stdout.strip()
+        key = api.create_key("alice")
         missing = tuneq(api, workdir, "jobs")
         assert missing.returncode == EXIT_API_ERROR
         assert "the server wants an API key (401 unauthorized): set TUNEQ_API_KEY" in missing.stderr

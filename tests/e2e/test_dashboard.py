@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,15 +121,7 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
 ) -> None:
     tuneq = Tuneq(home=tuneq_home, env={"TUNEQ_AUTH": "on"}).start()
     try:
-        created = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "keys", "create", "--owner", "dana"],
-            env=tuneq.env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-        key = created.stdout.strip()
+        key = tuneq.create_key("dana")
         tuneq.client.headers["Authorization"] = f"Bearer {key}"
         body = long_job(tiny_model, text_dataset)
         body["training"].update(epochs=1, max_steps=3, checkpoint_every_steps=None)

@@ -1,0 +1,31 @@
+"""What the API tests share: a valid job body over files under the allowed root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.samples import seed_config
+
+
+@pytest.fixture
+def model_dir(tuneq_home: Path) -> Path:
+    path = tuneq_home / "data" / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"x")
+    return path
+
+
+@pytest.fixture
+def dataset(tuneq_home: Path) -> Path:
+    path = tuneq_home / "data" / "train.jsonl"
+    path.write_text('{"text": "hello world"}\n')
+    return path
+
+
+@pytest.fixture
+def body(model_dir: Path, dataset: Path) -> dict[str, Any]:
+    return {"model": str(model_dir), "dataset": str(dataset), "deepspeed_config": seed_config(fp16=False)}
