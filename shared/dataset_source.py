@@ -511,6 +511,25 @@ def _guarded_client_factory(guard: _HttpsGuard) -> Callable[..., Any]:
 # --- fetching ---------------------------------------------------------------------------------------
 
 
+def local_path(value: str) -> Path:
+    """A local reference (a path, ``~/...`` or a ``file://`` URI) as a path."""
+    if value.lower().startswith("file://"):
+        value = unquote(urlsplit(value).path)
+    return Path(os.path.expanduser(value))
+
+
+def dataset_file(value: str, *, settings: Settings, on_progress: ProgressCallback | None = None) -> Path:
+    """The file on this host a dataset value stands for: the path itself, or the cached download.
+
+    One place for the API's plan and the worker, so both read the very same bytes. Raises
+    :class:`DatasetSourceError` for a refused or failed remote.
+    """
+    remote = parse_dataset_uri(value, settings)
+    if remote is None:
+        return local_path(value)
+    return fetch_dataset(remote, settings=settings, cache_dir=settings.cache_dir / "downloads", on_progress=on_progress)
+
+
 def fetch_dataset(
     remote: RemoteDataset,
     *,

@@ -11,20 +11,19 @@ This needs transformers (and so torch): the API runs ``compute_plan`` in a child
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from shared.dataset import DatasetError
-from shared.dataset_source import DatasetSourceError, fetch_dataset, parse_dataset_uri
+from shared.dataset_source import DatasetSourceError, dataset_file
 from shared.deepspeed_auto import AutoInputs, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import resolve_deepspeed_config
 from shared.lora import LoraTargetError, add_lora
 from shared.settings import Settings
 from shared.spec import JobCreate, LoraOptions
 from shared.tokenized import TokenizationError
-from shared.validation import Problem, local_path
+from shared.validation import Problem
 
 logger = logging.getLogger(__name__)
 
@@ -134,13 +133,6 @@ def _count_parameters(model: str, revision: str | None, lora: LoraOptions | None
     return parameters, trainable, largest, hidden_size_of(config.to_dict())
 
 
-def _dataset_file(value: str, settings: Settings) -> Path:
-    remote = parse_dataset_uri(value, settings)
-    if remote is None:
-        return local_path(value)
-    return fetch_dataset(remote, settings=settings, cache_dir=settings.cache_dir / "downloads")
-
-
 def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: Settings) -> JobPlan:
     """Raises PlanProblems for what the user must fix (records, chat template, LoRA targets)."""
     from transformers import AutoTokenizer
@@ -160,9 +152,9 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
     try:
         validation_file = None
         if job_in.validation_dataset is not None:
-            validation_file = _dataset_file(job_in.validation_dataset, settings)
+            validation_file = dataset_file(job_in.validation_dataset, settings=settings)
         data = load_training_data(
-            dataset=_dataset_file(job_in.dataset, settings),
+            dataset=dataset_file(job_in.dataset, settings=settings),
             validation_dataset=validation_file,
             options=opts,
             tokenizer=tokenizer,

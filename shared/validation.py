@@ -11,10 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from shared.dataset import DatasetError, read_records
-from shared.dataset_source import parse_dataset_uri
+from shared.dataset_source import local_path, parse_dataset_uri
 from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
@@ -51,12 +50,6 @@ class Hardware:
 def is_local_reference(value: str) -> bool:
     """Absolute paths, ``~`` paths and ``file://`` URIs are local; anything else is a hub id or URI."""
     return value.startswith(("/", "~", "file://")) or value.startswith(("./", "../"))
-
-
-def local_path(value: str) -> Path:
-    if value.startswith("file://"):
-        value = urlparse(value).path
-    return Path(os.path.expanduser(value))
 
 
 def resolve_in_allowed_roots(value: str, settings: Settings, *, what: str) -> Path:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.dataset import DatasetError, DatasetFormat, read_records
-from shared.dataset_source import DatasetSourceError, fetch_dataset, parse_dataset_uri, shown_uri
+from shared.dataset_source import DatasetSourceError, dataset_file, local_path, parse_dataset_uri, shown_uri
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def local_dataset(
     except DatasetSourceError as e:
         raise InputProblem(f"{field}: {e}") from None
     if remote is None:
-        return value
+        return str(local_path(value))
     shown = shown_uri(remote.uri)
     last = 0.0
 
@@ -63,9 +63,7 @@ def local_dataset(
 
     logger.info("fetching %s %s", field, shown)
     try:
-        path = fetch_dataset(
-            remote, settings=settings, cache_dir=settings.cache_dir / "downloads", on_progress=on_progress
-        )
+        path = dataset_file(value, settings=settings, on_progress=on_progress)
     except DatasetSourceError as e:
         raise InputProblem(f"{field}: {e}") from None
     size = path.stat().st_size

@@ -596,3 +596,20 @@ def test_hf_missing_repo_revision_and_file(
     with pytest.raises(DatasetSourceError) as excinfo:
         fetch(uri, settings, tmp_path / "cache")
     assert fragment in str(excinfo.value)
+
+
+def test_dataset_file_is_the_path_itself_for_local_values(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    data = tmp_path / "my data.jsonl"
+    data.write_text('{"text": "a"}\n')
+    assert dataset_source.dataset_file(str(data), settings=settings) == data
+    assert dataset_source.dataset_file("file://" + str(data).replace(" ", "%20"), settings=settings) == data
+    assert not (settings.cache_dir / "downloads").exists()  # nothing copied
+
+
+def test_dataset_file_downloads_remote_values_into_the_cache(tmp_path: Path, https: HttpsServer) -> None:
+    https.routes["/d.jsonl"] = Route(body=b'{"text": "a"}\n')
+    settings = https_settings(tmp_path, https)
+    path = dataset_source.dataset_file(f"https://localhost:{https.port}/d.jsonl", settings=settings)
+    assert path.is_relative_to(settings.cache_dir / "downloads")
+    assert path.read_bytes() == b'{"text": "a"}\n'
