@@ -92,6 +92,28 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def dataset_sha256(path: Path, *, memo_dir: Path) -> str:
+    """The file's SHA-256, read once per version of the file.
+
+    Every rank of every attempt (and the API's plan) asks; hashing a multi-GB dataset each
+    time would hold up every start. A version is (path, size, mtime, inode): a file rewritten
+    or replaced gets a new one and so is hashed again.
+    """
+    st = path.stat()
+    version = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    memo = memo_dir / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.sha256"
+    with _locked(memo.with_suffix(".lock")):  # one rank hashes, the others wait and read
+        if memo.is_file():
+            known = memo.read_text(encoding="ascii").strip()
+            if len(known) == 64:
+                return known
+        digest = file_sha256(path)
+        staging = memo.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(digest, encoding="ascii")
+        os.replace(staging, memo)
+        return digest
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Identifies what the tokenizer does to text: vocabulary, rules, special tokens, template."""
     digest = hashlib.sha256(type(tokenizer).__name__.encode())
@@ -273,7 +295,7 @@ def prepare_tokenized(
     """
     from shared.dataset import detect_file_format, read_records
 
-    data_sha256 = file_sha256(path)
+    data_sha256 = dataset_sha256(path, memo_dir=cache_root / "hashes")
     # The format is part of the key; when it is detected, detection is cheap next to hashing.
     chosen = dataset_format or detect_file_format(path)
     key = cache_key(data_sha256=data_sha256, tokenizer=tokenizer, dataset_format=chosen, max_seq_length=max_seq_length)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shared import tokenized
 from shared.dataset import Records, read_records
 from shared.tokenized import TokenizationError, prepare_tokenized, tokenize_records
 
@@ -107,7 +109,7 @@ def test_cache_is_hit_by_content_and_missed_on_any_input_change(tokenizer: Any, 
     write_texts(copy, ["the cat sees a tree."])
     _, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
     assert not stats.cached and stats.records == 1  # other content
-    entries = [p for p in cache.iterdir() if p.is_dir()]
+    entries = [p for p in cache.iterdir() if p.is_dir() and p.name != "hashes"]  # hashes: the sha memo
     assert len(entries) == 3 and not any(p.name.startswith(".") for p in entries)
 
 
@@ -136,3 +138,18 @@ def test_records_and_stats_agree_with_the_reader(tokenizer: Any, tmp_path: Path)
     records = read_records(data)
     samples, stats = tokenize_records(records, tokenizer, max_seq_length=32)
     assert stats.samples == len(samples) == 2 and stats.tokens == int(samples.lengths.sum())
+
+
+def test_a_dataset_is_hashed_once_per_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "one"}\n')
+    hashed: list[Path] = []
+    real = tokenized.file_sha256
+    monkeypatch.setattr(tokenized, "file_sha256", lambda p: hashed.append(p) or real(p))
+    memo = tmp_path / "hashes"
+    first = tokenized.dataset_sha256(data, memo_dir=memo)
+    assert tokenized.dataset_sha256(data, memo_dir=memo) == first == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert len(hashed) == 1  # the second rank (or attempt) read the memo
+    data.write_text('{"text": "three"}\n')  # rewritten: a new version
+    assert tokenized.dataset_sha256(data, memo_dir=memo) == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert len(hashed) == 2
