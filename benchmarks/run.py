@@ -18,6 +18,12 @@ from benchmarks import results
 from benchmarks.results import Result
 
 
+def _b1_b6(repeats: int) -> list[Result]:
+    from benchmarks import b1_training
+
+    return b1_training.run(repeats)
+
+
 def _b4(repeats: int) -> list[Result]:
     from benchmarks import b4_api
 
@@ -32,10 +38,11 @@ def _b5(repeats: int) -> list[Result]:
 
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
+    "training": (("B1", "B6"), _b1_b6),
     "api": (("B4",), _b4),
     "events": (("B5",), _b5),
 }
-NOT_YET = ("B1", "B2", "B3", "B6")  # BENCHMARKS.md, "Not yet measured"
+NOT_YET = ("B2", "B3")  # BENCHMARKS.md, "Not yet measured"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,8 +87,22 @@ def write_messages_dataset(path: Path, *, records: int = 64, seed: int = 0) -> P
     return path
 
 
-def build_tiny_model(directory: Path, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """A randomly initialised GPT-Neo with a BPE tokenizer trained on the sample texts."""
+def build_tiny_model(
+    directory: Path,
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    heads: int = 4,
+    vocab_size: int | None = None,
+    max_positions: int = 256,
+    window_size: int = 64,
+) -> Path:
+    """A randomly initialised GPT-Neo with a BPE tokenizer trained on the sample texts.
+
+    The defaults make a model small enough for any test; the GPU benchmark passes GPT-Neo
+    2.7B's shape (``vocab_size`` larger than the tokenizer's is allowed: ids stay below it).
+    """
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from tokenizers import decoders as tok_decoders
@@ -114,14 +128,14 @@ def build_tiny_model(directory: Path, *, hidden_size: int = 64, layers: int = 2,
     fast.chat_template = CHAT_TEMPLATE
     eos_id = tokenizer.token_to_id("<|endoftext|>")
     config = GPTNeoConfig(
-        vocab_size=tokenizer.get_vocab_size(),
+        vocab_size=max(vocab_size or 0, tokenizer.get_vocab_size()),
         hidden_size=hidden_size,
         num_layers=layers,
-        num_heads=4,
+        num_heads=heads,
         attention_types=[[["global", "local"], layers // 2 or 1]],
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         intermediate_size=hidden_size * 4,
-        window_size=64,
+        window_size=window_size,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
     )

@@ -1,0 +1,94 @@
+"""The training workload B1, B2, B3 and B6 share: model, data, DeepSpeed config, environment.
+
+A GPT-Neo of about 25 M parameters (random weights, built locally) so that a step is compute,
+not overhead; JSON Lines of text whose lengths vary widely, like instruction data; the core
+issue's ZeRO-2 + CPU-offload config with fp16 off (no fp16 on CPU); 2 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from shared.samples import build_tiny_model, sample_texts, seed_config
+
+HIDDEN_SIZE = 512
+LAYERS = 8
+RANKS = 2
+MAX_SEQ_LENGTH = 256
+TRAIN_BATCH_SIZE = 4  # 2 ranks x micro-batch 2
+RECORDS = 256
+SEED = 0
+
+
+def build_model(directory: Path) -> Path:
+    if not (directory / "config.json").exists():
+        build_tiny_model(directory, hidden_size=HIDDEN_SIZE, layers=LAYERS, seed=SEED)
+    return directory
+
+
+def parameter_count(model_dir: Path) -> int:
+    """From the safetensors header, so the benchmark process need not load torch."""
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with path.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def write_variable_length_dataset(path: Path, *, records: int = RECORDS, seed: int = SEED) -> Path:
+    """Texts of 1 to 60 sentences (about 5 to 400 tokens), most of them short: the long tail
+    of instruction data, so padding to the longest row of a batch wastes a lot."""
+    rng = random.Random(seed)
+    sentences = sample_texts(records * 8, seed=seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(records):
+            count = min(60, max(1, int(rng.lognormvariate(1.6, 1.0))))
+            f.write(json.dumps({"text": " ".join(rng.choice(sentences) for _ in range(count))}) + "\n")
+    return path
+
+
+def deepspeed_config() -> dict[str, Any]:
+    return seed_config(fp16=False, train_batch_size=TRAIN_BATCH_SIZE)
+
+
+def rank_environment() -> dict[str, str]:
+    """What both sides' ranks get: the CPU accelerator where there is no GPU, one thread set
+    per rank (tuneq's launcher default; the bare loop gets the same so only tuneq differs),
+    and one build directory for DeepSpeed's CPU Adam op."""
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    if not _cuda_available():
+        env["DS_ACCELERATOR"] = "cpu"
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // RANKS)))
+    return env
+
+
+def _cuda_available() -> bool:
+    probe = "import torch; print(int(torch.cuda.is_available()))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.strip().endswith("1")
+
+
+BUILD_OPS = """
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder("CPUAdamBuilder")
+if builder is not None and builder.is_compatible():
+    builder.load()
+"""
+
+
+def build_deepspeed_ops(env: dict[str, str]) -> None:
+    """Compile the CPU Adam op once, before anything is timed (a minute the first time)."""
+    subprocess.run([sys.executable, "-c", BUILD_OPS], env=env, check=True, timeout=900, capture_output=True)

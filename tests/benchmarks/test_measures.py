@@ -1,0 +1,74 @@
+"""The benchmarks' own arithmetic: what the figures in BENCHMARKS.md are computed with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.b1_training import WARMUP_STEPS, steps_per_second
+from benchmarks.common import percentile
+from benchmarks.results import Check, Stat
+from benchmarks.workload import write_variable_length_dataset
+
+
+def test_steps_per_second_leaves_out_the_warm_up() -> None:
+    # Slow warm-up steps, then one step every 0.5 s.
+    warm_up = [10.0 * i for i in range(WARMUP_STEPS)]
+    times = warm_up + [warm_up[-1] + 0.5 * (i + 1) for i in range(8)]
+    assert steps_per_second(times) == pytest.approx(2.0)
+
+
+def test_steps_per_second_needs_timed_steps() -> None:
+    with pytest.raises(ValueError, match="too few"):
+        steps_per_second([1.0] * WARMUP_STEPS)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 1001)]
+    assert percentile(values, 99) == 990.0
+    assert percentile(values, 50) == 500.0
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_a_missed_check_says_by_how_much() -> None:
+    check = Check("ratio", Stat.of([0.4, 0.5, 0.45]), ">=", 0.6)
+    assert not check.met
+    assert check.missed_by == "0.15 (25.0 %)"
+    assert Check("p99", Stat.of([10.0]), "<=", 20.0, unit=" ms").missed_by is None
+
+
+def test_the_variable_length_dataset_has_a_long_tail(tmp_path: Path) -> None:
+    path = write_variable_length_dataset(tmp_path / "data.jsonl", records=256)
+    words = [len(json.loads(line)["text"].split()) for line in path.read_text().splitlines()]
+    assert len(words) == 256
+    assert max(words) > 10 * min(words)  # padding to the longest row of a batch wastes a lot
+    assert sorted(words)[len(words) // 2] < max(words) / 4  # most records are short
+
+
+def test_gpu_configs_are_the_core_config_with_fp16_and_bf16_without_offload() -> None:
+    from benchmarks.gpu import configs
+
+    on_gpu = configs(cuda=True, train_batch_size=8)
+    assert set(on_gpu) == {"fp16-offload", "bf16"}
+    assert on_gpu["fp16-offload"]["fp16"] == {"enabled": True}
+    assert on_gpu["fp16-offload"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert on_gpu["bf16"]["bf16"] == {"enabled": True} and on_gpu["bf16"]["fp16"] == {"enabled": False}
+    assert "offload_optimizer" not in on_gpu["bf16"]["zero_optimization"]
+    on_cpu = configs(cuda=False, train_batch_size=2)
+    assert all(c["fp16"] == {"enabled": False} for c in on_cpu.values())  # no fp16 on CPU
+
+
+def test_mfu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import gpu
+
+    # GPT-Neo 2.7B at 1024 tokens: 6 N dominates the attention term.
+    per_token = gpu.flops_per_token(parameters=2_651_307_520, layers=32, hidden_size=2560, seq_length=1024)
+    assert per_token == pytest.approx(6 * 2_651_307_520 + 12 * 32 * 2560 * 1024)
+    assert gpu.peak_flops("NVIDIA H200") == 989e12
+    assert gpu.peak_flops("some accelerator") is None
+    monkeypatch.setenv("TUNEQ_BENCH_PEAK_TFLOPS", "100")
+    assert gpu.peak_flops("NVIDIA H200") == 100e12
+    times = [0.0, 5.0, 6.0, 7.0, 8.0]  # warm-up steps, then one step a second
+    assert gpu.tokens_per_second(times, 8192) == pytest.approx(8192.0)
