@@ -2,25 +2,29 @@
 
 SQL rows are the source of truth; a stream reads rows after its cursor, then waits for a
 wake-up (Redis pub/sub when the broker is Redis) or a short poll, and ends once the job's
-terminal status has been sent.
+terminal status has been sent. The streams of one job in one process share that wait and the
+read after it (``_JobFeed``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from anyio import to_thread
-from sqlmodel import Session
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+from sse_starlette import ServerSentEvent
 
 from shared.db import get_engine
 from shared.job_events import channel, list_events, redis_url
-from shared.models import EventPublic, EventType, Job, JobStatus
+from shared.models import EventPublic, EventType, Job, JobEvent, JobStatus
 from shared.storage import tail_lines
 
 logger = logging.getLogger(__name__)
@@ -29,6 +33,7 @@ POLL_SECONDS = 0.5  # without Redis, how often a stream looks for new rows
 SAFETY_POLL_SECONDS = 5.0  # with Redis, a missed wake-up costs at most this
 HEARTBEAT_SECONDS = 15
 BATCH = 500
+FEED_KEEP = 2000  # events a job's feed keeps for streams a little behind its head
 
 
 def _status(job_id: uuid.UUID) -> JobStatus:
@@ -83,20 +88,136 @@ class _Waker:
                 await self._client.aclose()
 
 
-async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[dict[str, Any]]:
+class _Sent(NamedTuple):
+    id: int
+    message: bytes  # the SSE message as sent: encoded once, however many streams send it
+    ends_stream: bool  # the job's terminal status
+
+
+def _message(event: EventPublic) -> _Sent:
+    ends = event.type == EventType.status and JobStatus(event.data["status"]).is_terminal
+    encoded = ServerSentEvent(id=str(event.id), event=event.type.value, data=event.model_dump_json()).encode()
+    return _Sent(event.id, encoded, ends)
+
+
+def _last_id(job_id: uuid.UUID) -> int:
+    with Session(get_engine()) as session:
+        last = session.exec(select(func.max(JobEvent.id)).where(col(JobEvent.job_id) == job_id)).one()
+        return last or 0
+
+
+class _JobFeed:
+    """The live tail of one job's events, read once per wake-up for all of its streams in this process.
+
+    Without it, every open stream re-read the table on every wake-up: N subscribers, N queries
+    (and N Redis connections) per commit. The feed holds one Redis subscription, reads what is new
+    after its ``head`` once, keeps the newest ``FEED_KEEP`` events, and wakes its streams; a stream
+    whose cursor lies within what the feed holds takes its events from there. A stream behind it
+    (a new one starting from 0, a resume from an old Last-Event-ID, one too slow to keep up)
+    reads the table itself, as before, until it has caught up.
+    """
+
+    def __init__(self, job_id: uuid.UUID) -> None:
+        self.job_id = job_id
+        self.subscribers = 0
+        self.status: JobStatus | None = None  # as of the last read; None until the first
+        self.error: BaseException | None = None
+        self.changed = asyncio.Event()  # replaced after each read that brought something
+        self._floor = 0  # the feed holds every event of the job with floor < id <= head
+        self._head = 0
+        self._sent: list[_Sent] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def since(self, cursor: int) -> list[_Sent] | None:
+        """What follows ``cursor``, or None when the feed can't tell (not read yet, or too old)."""
+        if self.status is None or cursor < self._floor:
+            return None
+        return self._sent[bisect.bisect_right(self._sent, cursor, key=lambda m: m.id) :]
+
+    def _wake(self) -> None:
+        woken, self.changed = self.changed, asyncio.Event()
+        woken.set()
+
+    async def _run(self) -> None:
+        try:
+            # Subscribe before finding the head: a commit after it is then never unseen.
+            async with _Waker(self.job_id) as waker:
+                self._floor = self._head = await to_thread.run_sync(_last_id, self.job_id)
+                while True:
+                    events, status = await to_thread.run_sync(_read, self.job_id, self._head)
+                    if events or status != self.status:
+                        self._sent.extend(_message(e) for e in events)
+                        if events:
+                            self._head = events[-1].id
+                        if len(self._sent) > 2 * FEED_KEEP:  # trimmed in steps, not on every read
+                            self._floor = self._sent[-FEED_KEEP - 1].id
+                            del self._sent[:-FEED_KEEP]
+                        self.status = status
+                        self._wake()
+                    if len(events) < BATCH:
+                        await waker.wait()
+        except Exception as e:  # the feed's streams end with it, as a stream's own read error would
+            logger.warning("event feed of job %s failed: %s", self.job_id, e)
+            self.error = e
+            self._wake()
+
+
+_feeds: dict[tuple[asyncio.AbstractEventLoop, uuid.UUID], _JobFeed] = {}
+
+
+@contextlib.contextmanager
+def _subscribe(job_id: uuid.UUID) -> Iterator[_JobFeed]:
+    """The job's feed in this event loop (started by its first stream, stopped after its last)."""
+    key = (asyncio.get_running_loop(), job_id)  # asyncio objects belong to one loop (tests run several)
+    feed = _feeds.get(key)
+    if feed is None or feed.error is not None:
+        feed = _feeds[key] = _JobFeed(job_id)
+        feed.start()
+    feed.subscribers += 1
+    try:
+        yield feed
+    finally:
+        feed.subscribers -= 1
+        if feed.subscribers == 0:
+            feed.stop()
+            if _feeds.get(key) is feed:
+                del _feeds[key]
+
+
+async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[bytes]:
+    """SSE messages, already encoded: what one read brought goes out in one write."""
     cursor = after
-    async with _Waker(job_id) as waker:
+    with _subscribe(job_id) as feed:
         while True:
-            events, status = await to_thread.run_sync(_read, job_id, cursor)
-            for event in events:
-                cursor = event.id
-                yield {"id": str(event.id), "event": event.type.value, "data": event.model_dump_json()}
-                if event.type == EventType.status and JobStatus(event.data["status"]).is_terminal:
-                    return
-            if not events and status.is_terminal:
+            changed = feed.changed  # taken before looking, so a read finishing meanwhile still wakes us
+            if feed.error is not None:
+                raise feed.error
+            sent = feed.since(cursor)
+            if sent is not None:
+                assert feed.status is not None
+                status, caught_up = feed.status, True
+            else:  # behind the feed: read the table from this stream's own cursor
+                events, status = await to_thread.run_sync(_read, job_id, cursor)
+                sent, caught_up = [_message(e) for e in events], len(events) < BATCH
+            last = next((i for i, m in enumerate(sent) if m.ends_stream), None)  # the terminal status
+            if last is not None:
+                sent = sent[: last + 1]
+            if sent:
+                cursor = sent[-1].id
+                yield b"".join(m.message for m in sent)
+            if last is not None:
+                return
+            if not sent and status.is_terminal:
                 return  # ended before this stream's cursor; nothing more will come
-            if len(events) < BATCH:
-                await waker.wait()
+            if caught_up:
+                await changed.wait()
 
 
 async def follow_log(job_id: uuid.UUID, path: Path, tail: int) -> AsyncIterator[str]:

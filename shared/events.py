@@ -6,9 +6,10 @@ waits on the database: rank 0 appends and flushes a line, the worker tails and b
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter, field_validator
 
 
 class PlanEvent(BaseModel):
@@ -40,6 +41,23 @@ class MetricEvent(BaseModel):
     eval_loss: float | None = None
     tokens_seen: int = 0  # real (unpadded) tokens trained on so far, across ranks and attempts
     time: str  # ISO 8601, UTC, the moment the step finished
+
+    @field_validator(
+        "loss",
+        "learning_rate",
+        "grad_norm",
+        "epoch",
+        "tokens_per_second",
+        "samples_per_second",
+        "real_token_share",
+        "eval_loss",
+    )
+    @classmethod
+    def _finite_or_none(cls, value: float | None) -> float | None:
+        # A diverged loss (NaN, inf) is reported as null: JSON has no NaN (a Postgres json
+        # column refuses it, and so do the API's answers). The ranks' writer already writes
+        # null; this holds for any line that reads NaN too.
+        return value if value is None or math.isfinite(value) else None
 
 
 class CheckpointEvent(BaseModel):

@@ -50,14 +50,25 @@ def _redis_client(url: str) -> Any:
     return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
 
 
+_PENDING = "tuneq_event_jobs"  # session.info key: jobs whose streams the next commit wakes
+
+
+def wake_streams_on_commit(session: OrmSession, job_id: uuid.UUID) -> None:
+    """Have the session's next commit wake this job's streams.
+
+    New ``JobEvent`` objects do so by themselves (found in the flush); rows written with a Core
+    insert or COPY never pass through a flush, so their writer names the job here.
+    """
+    session.info.setdefault(_PENDING, set()).add(job_id)
+
+
 def _collect_job_ids(session: OrmSession, _flush_context: Any) -> None:
-    ids = {obj.job_id for obj in session.new if isinstance(obj, JobEvent)}
-    if ids:
-        session.info.setdefault("tuneq_event_jobs", set()).update(ids)
+    for job_id in {obj.job_id for obj in session.new if isinstance(obj, JobEvent)}:
+        wake_streams_on_commit(session, job_id)
 
 
 def _publish_after_commit(session: OrmSession) -> None:
-    ids = session.info.pop("tuneq_event_jobs", None)
+    ids = session.info.pop(_PENDING, None)
     url = redis_url()
     if not ids or url is None:
         return
@@ -70,7 +81,7 @@ def _publish_after_commit(session: OrmSession) -> None:
 
 
 def _forget_on_rollback(session: OrmSession) -> None:
-    session.info.pop("tuneq_event_jobs", None)
+    session.info.pop(_PENDING, None)
 
 
 event.listen(OrmSession, "before_flush", lambda s, ctx, _instances: _collect_job_ids(s, ctx))

@@ -400,3 +400,56 @@ def test_serve_off_loopback_requires_keys(tuneq_home: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_last_used_at_is_written_at_most_once_a_resolution(
+    app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key's every request reads it; only the first of each LAST_USED_RESOLUTION writes it.
+    from datetime import timedelta
+
+    from shared import api_keys
+
+    with Session(get_engine()) as session:
+        row, key = create_key(session=session, owner="dave")
+    job_id = submit(app_client, bearer(key), body)["id"]
+
+    def last_used() -> Any:
+        with Session(get_engine()) as session:
+            found = session.get(ApiKey, row.id)
+            assert found is not None
+            return found.last_used_at
+
+    first = last_used()
+    assert first is not None
+    for _ in range(3):
+        assert app_client.get(f"/jobs/{job_id}", headers=bearer(key)).status_code == 200
+    assert last_used() == first
+    monkeypatch.setattr(api_keys, "LAST_USED_RESOLUTION", timedelta(0))
+    assert app_client.get(f"/jobs/{job_id}", headers=bearer(key)).status_code == 200
+    assert last_used() > first
+
+
+@pytest.mark.parametrize("auth", ["on", "off"])
+def test_every_answer_gives_its_database_connection_back(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any], auth: str
+) -> None:
+    # The request's session is opened and closed on the event loop; one that connected is
+    # closed in a thread: whatever the answer (200, 404, 401, 422), no connection stays out.
+    from api.main import create_app
+
+    auth_on(monkeypatch, TUNEQ_AUTH=auth)
+    with TestClient(create_app()) as client:
+        headers = bearer(new_key("erin")) if auth == "on" else {}
+        job_id = client.post("/jobs", json=body, headers=headers).json()["id"]
+        pool = get_engine().pool
+        answers = [
+            client.get(f"/jobs/{job_id}", headers=headers).status_code,
+            client.get(f"/jobs/{uuid.uuid4()}", headers=headers).status_code,
+            client.get("/jobs/not-a-uuid", headers=headers).status_code,
+            client.get("/jobs", headers=headers).status_code,
+        ]
+        if auth == "on":
+            answers.append(client.get(f"/jobs/{job_id}", headers=bearer("tq_nope_nope")).status_code)
+        assert answers == [200, 404, 422, 200] + ([401] if auth == "on" else [])
+        assert pool.checkedout() == 0  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ import pytest
 from sqlmodel import Session, col, select
 
 from shared.db import get_engine
+from shared.events import MetricEvent
 from shared.models import Checkpoint, Job, JobEvent, JobMetric
 from tests.shared.test_lifecycle import new_job
 from worker.ingest import EventIngestor
@@ -109,6 +110,7 @@ import sys, uuid
 from pathlib import Path
 from sqlmodel import Session
 from shared.db import get_engine
+from shared.events import MetricEvent
 from worker.ingest import EventIngestor
 assert "api" not in sys.modules
 job_id, events = uuid.UUID(sys.argv[1]), Path(sys.argv[2])
@@ -138,3 +140,53 @@ def test_the_worker_wakes_event_streams_through_redis(
     )
     message = subscriber.get_message(timeout=10)
     assert message is not None and message["type"] == "message", "the worker published no wake-up"
+
+
+def test_a_large_backlog_is_one_poll_with_every_row_in_order(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.ingest
+
+    monkeypatch.setattr(worker.ingest, "MAX_BIND_PARAMS", 100)  # replaced steps go in several DELETEs
+    job = new_job()
+    events, log = tmp_path / "events-1.jsonl", tmp_path / "train.log"
+    events.write_text("".join(metric(step, 1.0 / step) + "\n" for step in range(1, 3001)))
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    ingestor = EventIngestor(events_path=events, log_path=log, job_id=job.id)
+
+    def stored() -> list[tuple[int, float | None]]:
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
+        return [(r.step, r.loss) for r in rows]
+
+    with Session(get_engine()) as session:
+        assert ingestor.poll(session) == 3000
+        assert stored() == [(step, 1.0 / step) for step in range(1, 3001)]
+        # A resumed attempt reports steps 2001-3500: the overlap replaces the rows, the rest adds.
+        with events.open("a") as f:
+            f.write("".join(metric(step, 0.5) + "\n" for step in range(2001, 3501)))
+        assert ingestor.poll(session) == 1500
+        assert stored() == [(step, 1.0 / step if step <= 2000 else 0.5) for step in range(1, 3501)]
+        stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+        job_row = session.get(Job, job.id, populate_existing=True)
+    assert [e.data["line"] for e in stream[:10]] == [f"line {i}" for i in range(10)]
+    steps = [*range(1, 3001), *range(2001, 3501)]
+    assert [(e.type, e.data["step"]) for e in stream[10:]] == [("metric", step) for step in steps]
+    assert all(e.created_at is not None for e in stream)
+    assert stream[-1].data == MetricEvent.model_validate_json(metric(3500, 0.5)).model_dump(exclude={"type"})
+    assert job_row is not None and job_row.step == 3500 and job_row.tokens_seen == 35000
+
+
+def test_a_diverged_loss_is_stored_as_null_and_the_poll_goes_on(database_url: str, tmp_path: Path) -> None:
+    # JSON has no NaN: a Postgres json column refuses it, so one such line used to fail every poll.
+    job = new_job()
+    events = tmp_path / "events-1.jsonl"
+    events.write_text(
+        metric(1, 2.0).replace('"loss": 2.0', '"loss": NaN') + "\n" + metric(2, 1.0).replace("1.0", "Infinity") + "\n"
+    )
+    ingestor = EventIngestor(events_path=events, log_path=None, job_id=job.id)
+    with Session(get_engine()) as session:
+        assert ingestor.poll(session) == 2
+        rows = session.exec(select(JobMetric).where(JobMetric.job_id == job.id).order_by(col(JobMetric.step))).all()
+        assert [(r.step, r.loss) for r in rows] == [(1, None), (2, None)]
+        data = session.exec(select(JobEvent.data).where(JobEvent.job_id == job.id)).all()
+        assert [d["loss"] for d in data] == [None, None]
