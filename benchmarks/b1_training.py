@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks import workload
 from benchmarks.common import REPO
 from benchmarks.results import Check, Result, Stat
-from benchmarks.training_runs import TuneqDev, launch_script, metric_times, tuneq_dev
+from benchmarks.training_runs import TuneqDev, alternate, launch_script, metric_times, tuneq_dev
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,7 @@ def _bare_run(work: Path, env: dict[str, str], repeat: int) -> Run:
     times = out / "times.json"
     memory = launch_script(
         REPO / "benchmarks" / "bare_loop.py",
-        [
-            *("--model", str(work / "model"), "--data", str(work / "data.jsonl")),
-            *("--config", str(work / "ds_config.json"), "--max-seq-length", str(workload.MAX_SEQ_LENGTH)),
-            *("--steps", str(STEPS), "--seed", str(workload.SEED), "--times", str(times), "--output", str(out)),
-        ],
+        workload.script_args(work, times=times, steps=STEPS, output=out),
         ranks=workload.RANKS,
         env=env,
         cwd=out,
@@ -98,22 +94,12 @@ def _loss_gap(bare: list[float], tuneq: list[float]) -> float:
 def run(repeats: int) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="tuneq-bench-b1-") as tmp:
         work = Path(tmp)
-        workload.build_model(work / "model")
-        workload.write_variable_length_dataset(work / "data.jsonl")
-        (work / "ds_config.json").write_text(json.dumps(workload.deepspeed_config()))
+        env = workload.prepare(work)
         params = workload.parameter_count(work / "model")
-        env = workload.rank_environment()
-        workload.build_deepspeed_ops(env)
-        bare_runs: list[Run] = []
-        tuneq_runs: list[Run] = []
         with tuneq_dev(work, env) as dev:
-            for repeat in range(repeats):
-                if repeat % 2 == 0:
-                    bare_runs.append(_bare_run(work, env, repeat))
-                    tuneq_runs.append(_tuneq_run(dev, work, repeat))
-                else:
-                    tuneq_runs.append(_tuneq_run(dev, work, repeat))
-                    bare_runs.append(_bare_run(work, env, repeat))
+            bare_runs, tuneq_runs = alternate(
+                repeats, lambda r: _bare_run(work, env, r), lambda r: _tuneq_run(dev, work, r)
+            )
     speed = [t.steps_per_second / b.steps_per_second for t, b in zip(tuneq_runs, bare_runs, strict=True)]
     memory = [t.peak_pss_bytes / b.peak_pss_bytes for t, b in zip(tuneq_runs, bare_runs, strict=True)]
     gaps = [_loss_gap(b.losses, t.losses) for t, b in zip(tuneq_runs, bare_runs, strict=True)]

@@ -15,10 +15,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -26,9 +26,25 @@ import psutil
 from benchmarks.common import Server, keep_log
 from shared.ports import free_port
 
-SAMPLE_SECONDS = 0.25
+# Reading a process's PSS walks its page tables (~0.1 s for a rank under load): sampled once a
+# second, so the sampler's own CPU stays small next to the ranks' (memory peaks last a step).
+SAMPLE_SECONDS = 1.0
 JOB_TIMEOUT_SECONDS = 3600
 TERMINAL = {"succeeded", "failed", "cancelled"}
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def pss_bytes(process: psutil.Process) -> int:
+    """Proportional set size, from ``smaps_rollup`` (one summary line) where Linux has it."""
+    try:
+        with open(f"/proc/{process.pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except FileNotFoundError:
+        pass
+    return int(process.memory_full_info().pss)
 
 
 def gpu_memory_used_bytes() -> int | None:
@@ -67,8 +83,8 @@ class PeakMemory:
             except psutil.NoSuchProcess:
                 return
             for process in tree:
-                with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                    total += process.memory_full_info().pss  # a process that just ended counts 0
+                with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                    total += pss_bytes(process)  # a process that just ended counts 0
             self.peak = max(self.peak, total)
             gpu = gpu_memory_used_bytes()
             if gpu is not None and gpu_baseline is not None:
@@ -180,3 +196,17 @@ def tuneq_dev(work: Path, env: dict[str, str]) -> Iterator[TuneqDev]:
         except Exception:
             keep_log(log, "tuneq-dev")
             raise
+
+
+def alternate(repeats: int, first: Callable[[int], A], second: Callable[[int], B]) -> tuple[list[A], list[B]]:
+    """Run both sides once a repeat, swapping which goes first, so drift on a shared machine hits both."""
+    a: list[A] = []
+    b: list[B] = []
+    for repeat in range(repeats):
+        if repeat % 2 == 0:
+            a.append(first(repeat))
+            b.append(second(repeat))
+        else:
+            b.append(second(repeat))
+            a.append(first(repeat))
+    return a, b

@@ -92,3 +92,25 @@ if builder is not None and builder.is_compatible():
 def build_deepspeed_ops(env: dict[str, str]) -> None:
     """Compile the CPU Adam op once, before anything is timed (a minute the first time)."""
     subprocess.run([sys.executable, "-c", BUILD_OPS], env=env, check=True, timeout=900, capture_output=True)
+
+
+def prepare(work: Path, *, records: int = RECORDS) -> dict[str, str]:
+    """Model, ``data.jsonl`` and ``ds_config.json`` in ``work``, the op built; the ranks' environment."""
+    build_model(work / "model")
+    write_variable_length_dataset(work / "data.jsonl", records=records)
+    (work / "ds_config.json").write_text(json.dumps(deepspeed_config()))
+    env = rank_environment()
+    build_deepspeed_ops(env)
+    return env
+
+
+def script_args(work: Path, *, times: Path, **extra: object) -> list[str]:
+    """The reference scripts' arguments for the workload in ``work`` (``extra``: ``--name value``)."""
+    args = [
+        *("--model", str(work / "model"), "--data", str(work / "data.jsonl")),
+        *("--config", str(work / "ds_config.json"), "--max-seq-length", str(MAX_SEQ_LENGTH)),
+        *("--seed", str(SEED), "--times", str(times)),
+    ]
+    for name, value in extra.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
