@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.samples import build_tiny_model, sample_texts, seed_config
+from worker import launcher
 
 HIDDEN_SIZE = 512
 LAYERS = 8
@@ -64,21 +65,12 @@ def deepspeed_config() -> dict[str, Any]:
 
 
 def rank_environment() -> dict[str, str]:
-    """What both sides' ranks get: the CPU accelerator where there is no GPU, one thread set
-    per rank (tuneq's launcher default; the bare loop gets the same so only tuneq differs),
-    and one build directory for DeepSpeed's CPU Adam op."""
-    env = dict(os.environ)
+    """What both sides' ranks get: the environment tuneq's own launcher gives its ranks on this
+    host (the CPU accelerator where there is no GPU, one thread set per rank), so only the
+    service around the loop differs, and one build directory for DeepSpeed's CPU Adam op."""
+    env = launcher.rank_environment(launcher.detect_hardware(), num_ranks=RANKS, worker_pid=os.getpid())
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    if not _cuda_available():
-        env["DS_ACCELERATOR"] = "cpu"
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // RANKS)))
     return env
-
-
-def _cuda_available() -> bool:
-    probe = "import torch; print(int(torch.cuda.is_available()))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout.strip().endswith("1")
 
 
 BUILD_OPS = """

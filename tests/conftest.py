@@ -79,6 +79,16 @@ def redis_url() -> str:
     return REDIS_URL
 
 
+@pytest.fixture
+def model_dir(tuneq_home: Path) -> Path:
+    """A stand-in model directory under the allowed root: enough for submit-time checks."""
+    path = tuneq_home / "data" / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"x")
+    return path
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def empty_database_url(request: pytest.FixtureRequest, tuneq_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """An empty database (SQLite file, or a fresh Postgres schema), as TUNEQ_DATABASE_URL."""

@@ -11,15 +11,6 @@ from shared.samples import seed_config
 
 
 @pytest.fixture
-def model_dir(tuneq_home: Path) -> Path:
-    path = tuneq_home / "data" / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"x")
-    return path
-
-
-@pytest.fixture
 def dataset(tuneq_home: Path) -> Path:
     path = tuneq_home / "data" / "train.jsonl"
     path.write_text('{"text": "hello world"}\n')
