@@ -4,6 +4,8 @@ PY     := $(VENV)/bin/python
 # torch first and pinned: a looser spec lets pip pick a multi-GB CUDA build on a CPU host.
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.tuneq-installed
+# `no` where DeepSpeed was built with its ops compiled in (DS_BUILD_*, as Dockerfile.gpu does).
+BUILD_OPS ?= yes
 
 .PHONY: install demo test test-fast lint format clean bench
 
@@ -15,6 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH)"
 	# DeepSpeed builds against the torch already installed, hence no build isolation.
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	# DeepSpeed's CPU Adam / fused Adam, compiled now rather than in the first job (minutes).
+	if [ "$(BUILD_OPS)" = yes ]; then $(VENV)/bin/tuneq build-ops; fi
 	touch $(STAMP)
 
 demo: install

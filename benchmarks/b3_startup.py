@@ -82,7 +82,7 @@ def _phases(dev: TuneqDev, job_id: str, submitted: float, first_step: float) -> 
     if running is not None:
         phases["submit to running (claim)"] = running - submitted
         if plan is not None:
-            phases["running to the ranks' plan (launcher, imports, data, model)"] = plan - running
+            phases["running to the ranks' plan (rank start, data, model)"] = plan - running
             phases["plan to step 1 (engine, first step)"] = first_step - plan
     return phases
 

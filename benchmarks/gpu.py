@@ -50,6 +50,7 @@ from benchmarks.common import REPO
 from benchmarks.results import RESULTS_DIR, machine
 from benchmarks.training_runs import launch_script, metric_times, tuneq_dev
 from shared.samples import build_tiny_model, sample_texts, seed_config
+from worker import launcher
 
 # GPT-Neo 2.7B (EleutherAI/gpt-neo-2.7B's config): 2.7 B parameters.
 SHAPES: dict[str, dict[str, int]] = {
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             parameters=parameters, layers=shape["layers"], hidden_size=shape["hidden_size"], seq_length=seq
         )
         write_long_records(work / "data.jsonl", records=batch * (args.steps + 2))
-        workload.build_deepspeed_ops(env)
+        launcher.build_ops(launcher.detect_hardware())
         with tuneq_dev(work, env) as dev:
             for label, config in chosen.items():
                 config_path = work / f"{label.split()[0]}.json"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +65,8 @@ def deepspeed_config() -> dict[str, Any]:
 def rank_environment() -> dict[str, str]:
     """What both sides' ranks get: the environment tuneq's own launcher gives its ranks on this
     host (the CPU accelerator where there is no GPU, one thread set per rank), so only the
-    service around the loop differs, and one build directory for DeepSpeed's CPU Adam op."""
-    env = launcher.rank_environment(launcher.detect_hardware(), num_ranks=RANKS, worker_pid=os.getpid())
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    return env
-
-
-BUILD_OPS = """
-from deepspeed.accelerator import get_accelerator
-builder = get_accelerator().create_op_builder("CPUAdamBuilder")
-if builder is not None and builder.is_compatible():
-    builder.load()
-"""
-
-
-def build_deepspeed_ops(env: dict[str, str]) -> None:
-    """Compile the CPU Adam op once, before anything is timed (a minute the first time)."""
-    subprocess.run([sys.executable, "-c", BUILD_OPS], env=env, check=True, timeout=900, capture_output=True)
+    service around the loop differs, and the build directory of DeepSpeed's CPU Adam op."""
+    return launcher.rank_environment(launcher.detect_hardware(), num_ranks=RANKS, worker_pid=os.getpid())
 
 
 def prepare(work: Path, *, records: int = RECORDS) -> dict[str, str]:
@@ -91,9 +74,8 @@ def prepare(work: Path, *, records: int = RECORDS) -> dict[str, str]:
     build_model(work / "model")
     write_variable_length_dataset(work / "data.jsonl", records=records)
     (work / "ds_config.json").write_text(json.dumps(deepspeed_config()))
-    env = rank_environment()
-    build_deepspeed_ops(env)
-    return env
+    launcher.build_ops(launcher.detect_hardware())
+    return rank_environment()
 
 
 def script_args(work: Path, *, times: Path, **extra: object) -> list[str]:

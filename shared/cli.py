@@ -123,6 +123,16 @@ def worker() -> None:
     )
 
 
+@app.command("build-ops")
+def build_ops() -> None:
+    """Compile the DeepSpeed ops a worker's ranks use (CPU Adam, fused Adam) ahead of the first job."""
+    import importlib
+
+    _configure_logging()
+    launcher = importlib.import_module("worker.launcher")
+    launcher.build_ops(launcher.detect_hardware())
+
+
 def _stop_group(process: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     # Logs of `tuneq serve`, `worker` and `dev` on stderr: "text" for people, "json" (one object
     # per line) for a log collector. Training logs in the run directory stay text either way.
     log_format: Literal["text", "json"] = "text"
+    # How a worker starts a job's ranks: "warm" forks them from a process that imported torch,
+    # DeepSpeed and transformers while the worker was idle (worker.warm_start; the first step
+    # comes about 10 s sooner); "deepspeed" runs DeepSpeed's own launcher for every job. A
+    # worker whose warm start cannot come up uses the launcher anyway.
+    launcher: Literal["warm", "deepspeed"] = "warm"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("log_level", mode="before")

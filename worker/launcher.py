@@ -1,4 +1,5 @@
-"""Starting and stopping DeepSpeed's own launcher, one process per device, as one process group."""
+"""Starting and stopping a job's ranks, one process per device: forked from the warm start, or
+through DeepSpeed's own launcher."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from shared.ports import free_port
+from shared.settings import Settings
+from worker import warm_start
 
 logger = logging.getLogger(__name__)
 
 TRAIN_MODULE = "worker.train"
+# Where DeepSpeed's JIT-compiled ops go (worker.deepspeed_ops): one directory per virtual
+# environment, as a clone with other include paths would rebuild a shared one in turn.
+OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,23 @@ def detect_hardware() -> HostHardware:
     if facts["cuda"] and facts["n"] > 0:
         return HostHardware("cuda", int(facts["n"]))
     return HostHardware("cpu", os.cpu_count() or 1)
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """What the ranks get from tuneq's settings, beyond the worker's own environment."""
+    return {"HF_ENDPOINT": settings.hf_endpoint}  # hub models come from where hf:// datasets do
+
+
+def start_warm_start(hardware: HostHardware, settings: Settings) -> None:
+    """Bring up the warm start (worker.warm_start) with the environment the ranks will have."""
+    env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
+    warm_start.warm_up({**env, **settings_environment(settings)})
+
+
+def build_ops(hardware: HostHardware) -> None:
+    """Compile DeepSpeed's ops with the ranks' environment (``tuneq build-ops``)."""
+    env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
+    subprocess.run([sys.executable, "-m", "worker.deepspeed_ops"], env=env, check=True, timeout=1800)
 
 
 def launch_command(*, spec_path: Path, num_ranks: int, master_port: int) -> list[str]:
@@ -59,11 +83,52 @@ def rank_environment(hardware: HostHardware, *, num_ranks: int, worker_pid: int)
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["TUNEQ_WORKER_PID"] = str(worker_pid)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(OPS_BUILD_DIR))
     if hardware.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without this every rank starts one thread per core and they fight for the cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, hardware.device_count // num_ranks)))
     return env
+
+
+class RankGroup(Protocol):
+    """A job's running ranks, however they were started: ``poll`` is None while they run, then
+    the exit status (0 when every rank exited cleanly); ``stop`` ends them all."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def stop(self, *, grace_seconds: float) -> None: ...
+
+
+class LauncherRanks:
+    """DeepSpeed's launcher and the ranks it started, as the one process group it leads."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def stop(self, *, grace_seconds: float) -> None:
+        """SIGTERM the whole group, wait, then SIGKILL whatever is left of it."""
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            self.process.wait()
+            return
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and self.process.poll() is None:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 def launch_ranks(
@@ -74,13 +139,32 @@ def launch_ranks(
     log_path: Path,
     cwd: Path,
     env: dict[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start the launcher in its own session, so it and every rank form one process group."""
-    cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=free_port())
+    warm: bool = False,
+) -> RankGroup:
+    """Start one rank per device: forked from the warm start when ``warm`` and it came up
+    (worker.warm_start), otherwise through DeepSpeed's launcher in its own session."""
     env = {**rank_environment(hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **(env or {})}
+    master_port = free_port()
+    zygote = warm_start.warm_ranks() if warm else None
+    if zygote is not None:
+        logger.info("forking %d ranks for %s from the warm start", num_ranks, spec_path)
+        return zygote.fork(
+            [
+                warm_start.RankStart(
+                    env=launch_environment(env, rank=rank, num_ranks=num_ranks, master_port=master_port),
+                    spec_path=str(spec_path),
+                    log_path=str(log_path),
+                    cwd=str(cwd),
+                    local_rank=rank,
+                    title=f"tuneq rank {rank}/{num_ranks} -m {TRAIN_MODULE} --spec {spec_path}",
+                )
+                for rank in range(num_ranks)
+            ]
+        )
+    cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port)
     logger.info("launching %s", " ".join(cmd))
     with log_path.open("ab") as log:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             cmd,
             cwd=cwd,
             env=env,
@@ -89,17 +173,19 @@ def launch_ranks(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    return LauncherRanks(process)
 
 
-def stop_ranks(process: subprocess.Popen[bytes], *, grace_seconds: float) -> None:
-    """SIGTERM the whole group, wait, then SIGKILL whatever is left of it."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+def launch_environment(env: dict[str, str], *, rank: int, num_ranks: int, master_port: int) -> dict[str, str]:
+    """What DeepSpeed's ``launch.py`` adds for one local rank of a single-node job."""
+    return {
+        **env,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(num_ranks),
+        "CROSS_RANK": "0",
+        "CROSS_SIZE": "1",
+        "LOCAL_SIZE": str(num_ranks),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+    }

@@ -10,7 +10,6 @@ import json
 import logging
 import re
 import signal
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from shared.settings import Settings
 from shared.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.storage import RunLayout, tail_lines, write_json_atomic
 from shared.validation import FP16_NEEDS_CUDA
+from worker import warm_start
 from worker.ingest import EventIngestor
 from worker.inputs import DownloadProgress, InputProblem, local_dataset
-from worker.launcher import HostHardware, launch_ranks, stop_ranks
+from worker.launcher import HostHardware, RankGroup, launch_ranks, settings_environment
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
@@ -283,6 +283,8 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
             attempt = prepare_attempt(
                 job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id, lease=lease
             )
+            if settings.launcher == "warm":
+                warm_start.wait_until_ready(keep_alive=lambda: _keep_alive(lease))
         except InputProblem as e:
             _finish(job.id, JobStatus.failed, ErrorCode.invalid_input, str(e))
             return
@@ -327,7 +329,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
     ingestor = EventIngestor(
         events_path=layout.events(attempt.number), log_path=layout.log, job_id=job_id, log_offset=attempt.log_offset
     )
-    process: subprocess.Popen[bytes] | None = None
+    process: RankGroup | None = None
     try:
         process = launch_ranks(
             spec_path=layout.spec,
@@ -335,7 +337,8 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
             hardware=hardware,
             log_path=layout.log,
             cwd=layout.root,
-            env={"HF_ENDPOINT": settings.hf_endpoint},  # hub models come from where hf:// datasets do
+            env=settings_environment(settings),
+            warm=settings.launcher == "warm",
         )
         started = time.monotonic()
         with session_scope() as session:
@@ -344,7 +347,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
                 status = lease.status(session)
                 if status is None:
                     logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
-                    stop_ranks(process, grace_seconds=0)
+                    process.stop(grace_seconds=0)
                     return
                 ending = None
                 if status == JobStatus.cancelling:
@@ -356,7 +359,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
                     ending, grace = Ending(JobStatus.failed, ErrorCode.timeout, message), STOP_GRACE_SECONDS
                 if ending is not None:
                     logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
-                    stop_ranks(process, grace_seconds=grace)
+                    process.stop(grace_seconds=grace)
                     ingestor.poll(session)  # what rank 0 wrote while it finished its step
                     finish_job(
                         session=session,
@@ -385,13 +388,13 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
     except WorkerStopping:
         logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
         if process is not None:
-            stop_ranks(process, grace_seconds=STOP_GRACE_SECONDS)
+            process.stop(grace_seconds=STOP_GRACE_SECONDS)
         _release(attempt.job_id, attempt.number, reason="the worker running this job was stopped")
         raise SystemExit(0) from None
     except Exception:
         logger.exception("job %s: the worker failed while running it", job_id)
         if process is not None:
-            stop_ranks(process, grace_seconds=STOP_GRACE_SECONDS)
+            process.stop(grace_seconds=STOP_GRACE_SECONDS)
         with session_scope() as session:
             finish_job(
                 session=session,

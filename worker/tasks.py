@@ -19,7 +19,7 @@ from shared.db import init_db, session_scope
 from shared.lifecycle import mark_unpublished, register_worker, set_worker_idle, touch_worker
 from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery, size_queue
 from shared.settings import get_settings
-from worker.launcher import HostHardware, detect_hardware
+from worker.launcher import HostHardware, detect_hardware, start_warm_start
 from worker.reconciler import run_reconciler
 from worker.runner import run_job
 
@@ -76,6 +76,10 @@ def _on_process_init(**_kwargs: Any) -> None:
     from shared.db import get_engine
 
     get_engine().dispose(close=False)
+    # The warm start belongs to the pool process that runs the jobs; it imports while idle.
+    settings = get_settings()
+    if settings.launcher == "warm":
+        start_warm_start(current_hardware(), settings)
 
 
 def current_hardware() -> HostHardware:

@@ -37,6 +37,22 @@ WORKER_PID_ENV = "TUNEQ_WORKER_PID"
 WATCH_INTERVAL_SECONDS = 2.0
 
 
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0).
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def watch_worker() -> None:
     """Kill this rank's whole launcher group when the worker that started it dies.
 
@@ -48,22 +64,8 @@ def watch_worker() -> None:
     if pid <= 0:
         return
 
-    def alive() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # A zombie (dead, not yet reaped) still answers kill(0).
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return True
-
     def loop() -> None:
-        while alive():
+        while process_running(pid):
             time.sleep(WATCH_INTERVAL_SECONDS)
         os.killpg(os.getpgid(0), signal.SIGKILL)
 

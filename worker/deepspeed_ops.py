@@ -1,0 +1,36 @@
+"""Compile the DeepSpeed ops a worker's ranks load, ahead of the first job.
+
+DeepSpeed compiles an op the first time a rank uses it: CPU Adam for ``offload_optimizer``,
+fused Adam for optimizers on a GPU; a minute or more, inside the first job's startup.
+``tuneq build-ops`` (run by ``make install``) runs this module with the ranks' own environment
+(worker.launcher.rank_environment), so the build lands where the ranks look for it: one
+directory per virtual environment (``launcher.OPS_BUILD_DIR``) unless TORCH_EXTENSIONS_DIR says
+otherwise. An image built with ``DS_BUILD_*`` (Dockerfile.gpu) has these ops compiled into
+DeepSpeed itself, and this finds them there.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
+
+
+def build_ops() -> list[str]:
+    """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
+    from deepspeed.accelerator import get_accelerator
+
+    built = []
+    for name in OPS:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is not None and builder.is_compatible():
+            builder.load()
+            built.append(name)
+    return built
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logger.info("DeepSpeed ops ready: %s", ", ".join(build_ops()) or "none")
