@@ -140,9 +140,11 @@ class TuneqDev:
     def worker_process(self) -> psutil.Process:
         """``tuneq dev`` starts ``serve`` and ``worker``; the worker is the one measured."""
         for child in psutil.Process(self.server.process.pid).children():
-            if "worker" in child.cmdline():
+            # "tuneq worker", which Celery retitles "[celeryd: …] (worker)" where setproctitle is installed
+            if any("worker" in part for part in child.cmdline()):
                 return child
-        raise RuntimeError("tuneq dev has no worker process")
+        found = [c.cmdline() for c in psutil.Process(self.server.process.pid).children()]
+        raise RuntimeError(f"tuneq dev has no worker process among {found}")
 
     def run_job(self, body: dict[str, Any], *, timeout: float = JOB_TIMEOUT_SECONDS) -> tuple[str, PeakMemory]:
         """Submit, wait for success; the job id and the worker tree's peak memory meanwhile."""
