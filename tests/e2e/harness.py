@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,11 @@ class Tuneq:
         for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):
             if env is None or var not in env:
                 self.env.pop(var, None)
+        # Queues named after the home: tests sharing the Redis test database cannot take each
+        # other's messages (nor can a worker left behind by an aborted run), while a service
+        # restarted on the same home still consumes the queue its jobs were published to.
+        if env is None or "TUNEQ_QUEUE" not in env:
+            self.env["TUNEQ_QUEUE"] = "tuneq-" + hashlib.sha1(str(home.resolve()).encode()).hexdigest()[:10]
         self.split = split
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log = home / "tuneq-processes.log"
