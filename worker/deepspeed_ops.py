@@ -31,6 +31,32 @@ def build_ops() -> list[str]:
     return built
 
 
+def preload_ops() -> list[str]:
+    """Load the ops of OPS into this process where that cannot initialise CUDA: for the warm
+    start (worker.warm_start), whose forked ranks then find them loaded (DeepSpeed keeps the
+    ops it loaded per process) instead of each spending seconds in ``torch.utils.cpp_extension``
+    checking a JIT build. An op built into DeepSpeed (DS_BUILD_*) is an import; a JIT build is
+    loaded (compiled, if ``tuneq build-ops`` did not) only on the CPU accelerator: on a GPU it
+    reads the device's compute capability, which initialises CUDA, and forked ranks could not
+    use it. An op that fails to load is left to the ranks, which report it as they would."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+
+    accelerator = get_accelerator()
+    loaded = []
+    for name in OPS:
+        builder = accelerator.create_op_builder(name)
+        if builder is None or not (installed_ops.get(builder.name) or accelerator.device_name() == "cpu"):
+            continue
+        try:
+            if builder.is_compatible():
+                builder.load()
+                loaded.append(name)
+        except Exception:
+            logger.warning("could not preload DeepSpeed's %s; the ranks load it themselves", name, exc_info=True)
+    return loaded
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("DeepSpeed ops ready: %s", ", ".join(build_ops()) or "none")

@@ -3,8 +3,9 @@
 A cold ``deepspeed`` launch spends most of the time before its first step importing torch,
 DeepSpeed and transformers: in the launcher's runner, again in ``launch.py``, again in every
 rank (about 10 s each on a small host). The warm start pays that once per worker process:
-``python -m worker.warm_start`` (the *zygote*) imports them (``PRELOAD``) while the worker is
-idle, and each job's ranks are ``fork()``-ed from it. A rank gets the environment DeepSpeed's
+``python -m worker.warm_start`` (the *zygote*) imports them (``PRELOAD``) and loads DeepSpeed's
+optimizer ops (``deepspeed_ops.preload_ops``: seconds a rank, even when built) while the worker
+is idle, and each job's ranks are ``fork()``-ed from it. A rank gets the environment DeepSpeed's
 ``launch.py`` gives its ranks (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT``, ...) and runs ``worker.train.main`` exactly as it would under
 the launcher: the same DeepSpeed engine, process group and checkpoints.
@@ -288,6 +289,10 @@ def serve() -> None:
     for module in PRELOAD:
         __import__(module)
     import torch
+
+    from worker.deepspeed_ops import preload_ops
+
+    preload_ops()
 
     protocol.write(json.dumps({"ready": True, "cuda_initialised": torch.cuda.is_initialized()}) + "\n")
     ranks: dict[int, RankStart] = {}
