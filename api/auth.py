@@ -12,10 +12,11 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import SessionDep, SettingsDep
 from shared.api_keys import owner_of_key
+from shared.db import get_engine
 from shared.models import LOCAL_OWNER
 from shared.settings import get_settings
 
@@ -30,13 +31,19 @@ def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
 _bearer = HTTPBearer(auto_error=False, description="An API key: `tuneq keys create --owner NAME`")
 
 
+def _owner_of_key(key: str) -> str | None:
+    with Session(get_engine(), expire_on_commit=False) as session:
+        return owner_of_key(session=session, key=key)
+
+
 async def current_owner(
     request: Request,
-    session: SessionDep,
-    settings: SettingsDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
-    if not settings.auth_required:
+    # Every route of the API depends on this: it takes no session or settings dependency of
+    # its own (each costs FastAPI's dependency solving on every request, the larger part of a
+    # small read's time), and opens a session only to look a key up.
+    if not get_settings().auth_required:
         return LOCAL_OWNER
     header = request.headers.get("authorization")
     if not header:
@@ -48,9 +55,8 @@ async def current_owner(
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
-    # Async so that with auth off (or a refused header) no trip through the thread pool is
-    # taken; the key lookup reads (and now and then writes) the database, so that one does.
-    owner = await run_in_threadpool(owner_of_key, session=session, key=key.strip())
+    # The key lookup reads (and now and then writes) the database: in the thread pool.
+    owner = await run_in_threadpool(_owner_of_key, key.strip())
     if owner is None:
         raise _unauthorized("the API key is unknown or revoked", invalid=True)
     return owner

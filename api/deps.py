@@ -8,7 +8,7 @@ from anyio import CancelScope, CapacityLimiter
 from fastapi import Depends
 from sqlmodel import Session
 
-from shared.db import get_engine
+from shared.db import get_engine, get_read_engine
 from shared.settings import Settings, get_settings
 
 
@@ -33,6 +33,17 @@ async def get_session() -> AsyncIterator[Session]:
             session.close()
 
 
+async def get_read_session() -> AsyncIterator[Session]:
+    """A session for a route that only reads, on the autocommit engine (``get_read_engine``):
+    no BEGIN before its statements, no ROLLBACK after, so closing it does no I/O and it is
+    made and closed on the event loop."""
+    session = Session(get_read_engine(), expire_on_commit=False)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
 async def settings_dependency() -> Settings:
     # Async so that reading the (cached) settings does not take a trip through the thread pool.
     return get_settings()
@@ -43,4 +54,5 @@ async def settings_dependency() -> Settings:
 # (it opens short sessions of its own). Routes return plain models, so nothing reads the
 # session after the function.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(settings_dependency)]

@@ -4,12 +4,14 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from sqlmodel import Session
 from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service, plan_service
 from api.auth import OwnerDep, current_owner
-from api.deps import SessionDep, SettingsDep
+from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
@@ -48,7 +50,7 @@ RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
 SQL_INT_MAX = 2**31 - 1
 
 
-def _job_or_404(session: SessionDep, job_id: uuid.UUID, owner: str) -> Job:
+def _job_or_404(session: Session, job_id: uuid.UUID, owner: str) -> Job:
     """Another owner's job answers exactly like a missing one."""
     job = jobs_service.get_job(session=session, job_id=job_id, owner=owner)
     if job is None:
@@ -104,7 +106,7 @@ def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep, owne
 
 @router.get("", response_model=JobsPublic)
 def list_jobs(
-    session: SessionDep,
+    session: ReadSessionDep,
     owner: OwnerDep,
     status: JobStatus | None = None,
     skip: int = Query(default=0, ge=0, le=SQL_INT_MAX),
@@ -114,9 +116,15 @@ def list_jobs(
     return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-def get_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
+def _read_job(session: Session, job_id: uuid.UUID, owner: str) -> JobPublic:
     return JobPublic.from_job(_job_or_404(session, job_id, owner))
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+async def get_job(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> JobPublic:
+    # The route clients poll. Async with the read in the thread pool: one trip through it; a
+    # sync route takes two (the function, then FastAPI validating what it returned).
+    return await run_in_threadpool(_read_job, session, job_id, owner)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
@@ -130,14 +138,14 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPu
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)
-def get_metrics(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> MetricsPublic:
+def get_metrics(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> MetricsPublic:
     _job_or_404(session, job_id, owner)
     rows = jobs_service.list_metrics(session=session, job_id=job_id)
     return MetricsPublic(data=[MetricPublic.model_validate(r) for r in rows])
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=NOT_FOUND)
-def get_checkpoints(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> CheckpointsPublic:
+def get_checkpoints(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> CheckpointsPublic:
     _job_or_404(session, job_id, owner)
     rows = jobs_service.list_checkpoints(session=session, job_id=job_id)
     return CheckpointsPublic(data=[CheckpointPublic.model_validate(r) for r in rows])
@@ -158,7 +166,7 @@ def _sse(job_id: uuid.UUID, after: int) -> EventSourceResponse:
 def get_events(
     job_id: uuid.UUID,
     request: Request,
-    session: SessionDep,
+    session: ReadSessionDep,
     owner: OwnerDep,
     after: int = Query(
         default=0, ge=0, le=SQL_INT_MAX, description="Return events with an id greater than this cursor"
@@ -177,7 +185,7 @@ def get_events(
 @router.get("/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND})
 def stream_events(
     job_id: uuid.UUID,
-    session: SessionDep,
+    session: ReadSessionDep,
     owner: OwnerDep,
     after: int = Query(default=0, ge=0, le=SQL_INT_MAX),
     last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
@@ -190,7 +198,7 @@ def stream_events(
 @router.get("/{job_id}/logs", response_model=LogsPublic, responses={200: {"content": {"text/plain": {}}}, **NOT_FOUND})
 def get_logs(
     job_id: uuid.UUID,
-    session: SessionDep,
+    session: ReadSessionDep,
     settings: SettingsDep,
     owner: OwnerDep,
     tail: int = Query(default=200, ge=1),

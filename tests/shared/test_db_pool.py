@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine, text
 
 from shared import db
@@ -49,5 +50,22 @@ def test_a_connection_that_died_while_pooled_is_replaced(postgres_url: str) -> N
         pid = _backend_pid(engine)
         _terminate(postgres_url, pid)  # as a database restart would
         assert _backend_pid(engine) != pid  # pinged, found dead, replaced: no error
+    finally:
+        engine.dispose()
+
+
+def test_reads_share_the_pool_without_a_transaction(postgres_url: str) -> None:
+    # The read engine (GET routes) runs each statement on its own: no BEGIN before it, no
+    # ROLLBACK when the connection goes back, and the pool is the same connections.
+    engine = db.make_engine(postgres_url)
+    try:
+        reads = db._autocommit(engine)
+        assert reads is db._autocommit(engine) and reads.pool is engine.pool
+        with reads.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.IDLE  # type: ignore[union-attr]
+        with engine.connect() as conn:  # the same connection, in a transaction again for writers
+            conn.execute(text("SELECT 1"))
+            assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.INTRANS  # type: ignore[union-attr]
     finally:
         engine.dispose()
