@@ -135,7 +135,8 @@ class JobMetric(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("job_id", "step"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    # No index of its own: the unique (job_id, step) index leads with it (migration 0007).
+    job_id: uuid.UUID = Field(foreign_key="jobs.id")
     step: int
     loss: float | None = None
     learning_rate: float | None = None

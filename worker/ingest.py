@@ -6,7 +6,6 @@ log events. Each poll is one transaction.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from datetime import datetime
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 from sqlalchemy import JSON, Enum, Table, delete, insert
 from sqlmodel import Session, SQLModel, col, select
 
@@ -46,7 +46,7 @@ def _insert_rows(session: Session, model: type[SQLModel], rows: list[dict[str, A
     columns = [c for c in table.columns if not c.primary_key]
     # Bound as SQLAlchemy would bind them: JSON as its text, an enum by its member's name.
     converted = [
-        (i, json.dumps if isinstance(c.type, JSON) else _enum_name)
+        (i, _json_text if isinstance(c.type, JSON) else _enum_name)
         for i, c in enumerate(columns)
         if isinstance(c.type, JSON | Enum)
     ]
@@ -60,6 +60,12 @@ def _insert_rows(session: Session, model: type[SQLModel], rows: list[dict[str, A
             for i, convert in converted:
                 line[i] = convert(line[i])
             copy.write_row(line)
+
+
+def _json_text(value: Any) -> str:
+    # pydantic-core's encoder: a fifth of json.dumps' time on a metric's data (and a NaN becomes
+    # null, which a Postgres json column accepts, where json.dumps' NaN is refused).
+    return to_json(value).decode()
 
 
 def _enum_name(value: Any) -> str:
