@@ -12,20 +12,29 @@ DeepSpeed itself, and this finds them there.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
 
 
-def build_ops() -> list[str]:
-    """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
+def _op_builders() -> Iterator[tuple[str, Any]]:
+    """Each op of OPS this host's accelerator has: its name and op builder."""
     from deepspeed.accelerator import get_accelerator
 
-    built = []
     for name in OPS:
         builder = get_accelerator().create_op_builder(name)
-        if builder is not None and builder.is_compatible():
+        if builder is not None:
+            yield name, builder
+
+
+def build_ops() -> list[str]:
+    """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
+    built = []
+    for name, builder in _op_builders():
+        if builder.is_compatible():
             builder.load()
             built.append(name)
     return built
@@ -42,11 +51,10 @@ def preload_ops() -> list[str]:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
-    accelerator = get_accelerator()
+    on_cpu = get_accelerator().device_name() == "cpu"
     loaded = []
-    for name in OPS:
-        builder = accelerator.create_op_builder(name)
-        if builder is None or not (installed_ops.get(builder.name) or accelerator.device_name() == "cpu"):
+    for name, builder in _op_builders():
+        if not (installed_ops.get(builder.name) or on_cpu):
             continue
         try:
             if builder.is_compatible():

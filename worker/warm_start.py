@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import setproctitle
 
+from worker.deepspeed_ops import preload_ops
 from worker.train import process_running
 
 logger = logging.getLogger(__name__)
@@ -289,8 +290,6 @@ def serve() -> None:
     for module in PRELOAD:
         __import__(module)
     import torch
-
-    from worker.deepspeed_ops import preload_ops
 
     preload_ops()
 
