@@ -59,6 +59,13 @@ class TrainingOptions(BaseModel):
         default=None,
         description="Pack several samples per row up to max_seq_length; on by default for the text format.",
     )
+    padding_free: bool = Field(
+        default=False,
+        description=(
+            "Lay each micro-batch's rows end to end in one row instead of padding them to the longest: "
+            "the same samples, steps and loss, no compute spent on padding."
+        ),
+    )
     validation_split: float | None = Field(
         default=None, gt=0, lt=0.5, description="Hold out this share of the samples for eval_loss."
     )

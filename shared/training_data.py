@@ -1,5 +1,9 @@
 """A job's training data as the run will see it: tokenized, split, packed into rows, counted.
 
+Rows decide the steps: an optimizer step takes train_batch_size rows, so packing (several
+samples a row) makes fewer steps. How a micro-batch's rows become one tensor (padded, or
+end to end with ``padding_free``) is the collator's business and changes no count.
+
 Torch-free: the ranks use it to build their loaders, and the plan endpoint uses it to say
 how many steps a job will take without starting one. Both therefore count the same way.
 """
@@ -24,6 +28,7 @@ class TrainingData:
     validation: TokenizedSamples | None
     validation_stats: DatasetStats | None
     packing: bool
+    padding_free: bool
     rows: list[list[int]]  # sample indices per training row
     validation_rows: list[list[int]] | None
 
@@ -34,6 +39,7 @@ class TrainingData:
             "validation": self.validation_stats.model_dump() if self.validation_stats else None,
             "validation_samples": len(self.validation) if self.validation is not None else 0,
             "packing": self.packing,
+            "padding_free": self.padding_free,
             "rows": len(self.rows),
         }
 
@@ -126,6 +132,7 @@ def load_training_data(
         validation=validation,
         validation_stats=validation_stats,
         packing=packing,
+        padding_free=options.padding_free,
         rows=rows_of(train, packing=packing, max_seq_length=options.max_seq_length),
         validation_rows=(
             rows_of(validation, packing=packing, max_seq_length=options.max_seq_length)

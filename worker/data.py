@@ -4,6 +4,12 @@ A packed row holds several samples back to back up to ``max_seq_length``. Positi
 at each sample and no attention mask is passed, which tells transformers' mask builder
 (``masking_utils``, used by its decoder models) to keep attention within each sample; the
 first token of a sample is not a label, so no sample learns from the one before it.
+
+``padding_free`` uses the same mechanism one level up: a micro-batch's rows go end to end
+into a single row instead of being padded to the longest, so the step sees the same samples
+and computes the same loss (mean over the same label tokens) with no padding in it. This is
+Hugging Face's ``DataCollatorWithFlattening``; on CUDA with flash attention, transformers
+turns the restarting positions into variable-length attention.
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ IGNORE_INDEX = -100  # transformers' label value for "no loss here"
 class SampleRows(Dataset[list[tuple[np.ndarray, np.ndarray]]]):
     """Rows of samples: one sample per row, or several packed (``shared.training_data``)."""
 
-    def __init__(self, samples: TokenizedSamples, rows: list[list[int]], *, packing: bool) -> None:
+    def __init__(
+        self, samples: TokenizedSamples, rows: list[list[int]], *, packing: bool, padding_free: bool = False
+    ) -> None:
         self.samples = samples
         self.packing = packing
+        self.padding_free = padding_free
         self.rows = rows
 
     def __len__(self) -> int:
@@ -44,13 +53,17 @@ class Batch:
 
 
 class RowCollator:
-    """Pad a batch of rows to its longest; padding is never a label and never attended to."""
+    """Pad a batch of rows to its longest (padding is never a label and never attended to), or
+    with ``padding_free`` lay them end to end in one row."""
 
-    def __init__(self, pad_token_id: int, *, packing: bool) -> None:
+    def __init__(self, pad_token_id: int, *, packing: bool, padding_free: bool = False) -> None:
         self.pad_token_id = pad_token_id
         self.packing = packing
+        self.padding_free = padding_free
 
     def __call__(self, rows: list[list[tuple[np.ndarray, np.ndarray]]]) -> Batch:
+        if self.padding_free:
+            rows = [[sample for row in rows for sample in row]]
         widths = [sum(len(ids) for ids, _ in row) for row in rows]
         width = max(widths)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -71,7 +84,7 @@ class RowCollator:
             attention_mask[r, :start] = 1
             positions[r, start:] = torch.arange(width - start)
         inputs = {"input_ids": input_ids, "labels": labels}
-        if self.packing:
+        if self.packing or self.padding_free:
             inputs["position_ids"] = positions
         else:
             inputs["attention_mask"] = attention_mask
@@ -99,7 +112,7 @@ def make_loader(
         rows,
         batch_size=micro_batch,
         sampler=sampler,
-        collate_fn=RowCollator(pad_token_id, packing=rows.packing),
+        collate_fn=RowCollator(pad_token_id, packing=rows.packing, padding_free=rows.padding_free),
         drop_last=drop_last,
     )
     return loader, sampler

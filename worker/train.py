@@ -147,7 +147,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     except (DatasetError, TokenizationError) as e:
         raise InvalidInputError(str(e)) from None
     packing = data.packing
-    dataset = SampleRows(data.train, data.rows, packing=packing)
+    dataset = SampleRows(data.train, data.rows, packing=packing, padding_free=data.padding_free)
 
     # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
     early_config = without_auto(fill_auto(spec.deepspeed_config, AutoInputs(opts, world_size)))
@@ -178,7 +178,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     eval_loader = None
     if data.validation is not None and data.validation_rows is not None:
         eval_loader, _ = make_loader(
-            SampleRows(data.validation, data.validation_rows, packing=packing),
+            SampleRows(data.validation, data.validation_rows, packing=packing, padding_free=data.padding_free),
             micro_batch=micro_batch,
             world_size=world_size,
             rank=rank,

@@ -72,6 +72,35 @@ def test_packed_samples_do_not_attend_to_each_other(tiny_model_template: Path) -
     torch.testing.assert_close(packed[20:], alone_b, atol=1e-5, rtol=1e-4)
 
 
+def test_padding_free_lays_the_micro_batch_end_to_end() -> None:
+    samples = samples_of([5, 6, 7], [8, 9], [3, 4, 2, 1], targets=[[0, 1, 1], [1, 1], [1, 1, 1, 1]])
+    rows = SampleRows(samples, [[0, 1], [2]], packing=True, padding_free=True)
+    batch = RowCollator(pad_token_id=0, packing=True, padding_free=True)([rows[0], rows[1]])
+    assert batch.inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9, 3, 4, 2, 1]]
+    assert batch.inputs["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    ignore = IGNORE_INDEX
+    assert batch.inputs["labels"].tolist() == [[ignore, 6, 7, ignore, 9, ignore, 4, 2, 1]]
+    assert "attention_mask" not in batch.inputs
+    assert (batch.real_tokens, batch.samples, batch.slots) == (9, 3, 9)
+
+
+def test_padding_free_batch_has_the_padded_batch_loss(tiny_model_template: Path) -> None:
+    """Same samples, same label tokens, same mean: only the padding's compute is gone."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_template).eval()
+    model.config.use_cache = False
+    samples = samples_of(list(range(10, 30)), list(range(40, 47)), list(range(60, 73)))
+    micro_batch = [[samples.sample(i)] for i in range(3)]
+    padded = RowCollator(pad_token_id=1, packing=False)(micro_batch)
+    flat = RowCollator(pad_token_id=1, packing=False, padding_free=True)(micro_batch)
+    assert flat.slots == flat.real_tokens == padded.real_tokens < padded.slots
+    with torch.no_grad():
+        padded_loss = model(**padded.inputs).loss
+        flat_loss = model(**flat.inputs).loss
+    torch.testing.assert_close(flat_loss, padded_loss, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_every_rank_gets_the_same_number_of_batches(packing: bool) -> None:
     rng = np.random.default_rng(1)
