@@ -30,11 +30,18 @@ class SampleRows(Dataset[list[tuple[np.ndarray, np.ndarray]]]):
     """Rows of samples: one sample per row, or several packed (``shared.training_data``)."""
 
     def __init__(
-        self, samples: TokenizedSamples, rows: list[list[int]], *, packing: bool, padding_free: bool = False
+        self,
+        samples: TokenizedSamples,
+        rows: list[list[int]],
+        *,
+        packing: bool,
+        padding_free: bool = False,
+        max_seq_length: int | None = None,
     ) -> None:
         self.samples = samples
         self.packing = packing
         self.padding_free = padding_free
+        self.max_seq_length = max_seq_length  # padding-free rows stay within it
         self.rows = rows
 
     def __len__(self) -> int:
@@ -54,16 +61,34 @@ class Batch:
 
 class RowCollator:
     """Pad a batch of rows to its longest (padding is never a label and never attended to), or
-    with ``padding_free`` lay them end to end in one row."""
+    with ``padding_free`` lay them end to end, in as few rows of at most ``max_seq_length``
+    tokens as taking them in order allows (models such as GPT-Neo cannot attend over more
+    positions than they were built for, even when positions restart)."""
 
-    def __init__(self, pad_token_id: int, *, packing: bool, padding_free: bool = False) -> None:
+    def __init__(
+        self, pad_token_id: int, *, packing: bool, padding_free: bool = False, max_seq_length: int | None = None
+    ) -> None:
         self.pad_token_id = pad_token_id
         self.packing = packing
         self.padding_free = padding_free
+        self.max_seq_length = max_seq_length
+
+    def _end_to_end(self, rows: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        limit = self.max_seq_length
+        joined: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
+        width = 0
+        for row in rows:
+            row_width = sum(len(ids) for ids, _ in row)
+            if joined[-1] and limit is not None and width + row_width > limit:
+                joined.append([])
+                width = 0
+            joined[-1].extend(row)
+            width += row_width
+        return joined
 
     def __call__(self, rows: list[list[tuple[np.ndarray, np.ndarray]]]) -> Batch:
         if self.padding_free:
-            rows = [[sample for row in rows for sample in row]]
+            rows = self._end_to_end(rows)
         widths = [sum(len(ids) for ids, _ in row) for row in rows]
         width = max(widths)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -112,7 +137,9 @@ def make_loader(
         rows,
         batch_size=micro_batch,
         sampler=sampler,
-        collate_fn=RowCollator(pad_token_id, packing=rows.packing, padding_free=rows.padding_free),
+        collate_fn=RowCollator(
+            pad_token_id, packing=rows.packing, padding_free=rows.padding_free, max_seq_length=rows.max_seq_length
+        ),
         drop_last=drop_last,
     )
     return loader, sampler

@@ -147,7 +147,9 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     except (DatasetError, TokenizationError) as e:
         raise InvalidInputError(str(e)) from None
     packing = data.packing
-    dataset = SampleRows(data.train, data.rows, packing=packing, padding_free=data.padding_free)
+    dataset = SampleRows(
+        data.train, data.rows, packing=packing, padding_free=data.padding_free, max_seq_length=opts.max_seq_length
+    )
 
     # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
     early_config = without_auto(fill_auto(spec.deepspeed_config, AutoInputs(opts, world_size)))
@@ -178,7 +180,13 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     eval_loader = None
     if data.validation is not None and data.validation_rows is not None:
         eval_loader, _ = make_loader(
-            SampleRows(data.validation, data.validation_rows, packing=packing, padding_free=data.padding_free),
+            SampleRows(
+                data.validation,
+                data.validation_rows,
+                packing=packing,
+                padding_free=data.padding_free,
+                max_seq_length=opts.max_seq_length,
+            ),
             micro_batch=micro_batch,
             world_size=world_size,
             rank=rank,

@@ -84,6 +84,16 @@ def test_padding_free_lays_the_micro_batch_end_to_end() -> None:
     assert (batch.real_tokens, batch.samples, batch.slots) == (9, 3, 9)
 
 
+def test_padding_free_rows_stay_within_max_seq_length() -> None:
+    """A model cannot attend over more positions than it has, even when they restart."""
+    samples = samples_of([5, 6, 7], [8, 9], [3, 4, 2, 1])
+    rows = SampleRows(samples, [[0], [1], [2]], packing=False, padding_free=True, max_seq_length=5)
+    batch = RowCollator(pad_token_id=0, packing=False, padding_free=True, max_seq_length=5)([rows[0], rows[1], rows[2]])
+    assert batch.inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9], [3, 4, 2, 1, 0]]
+    assert batch.inputs["position_ids"].tolist()[0] == [0, 1, 2, 0, 1]
+    assert (batch.real_tokens, batch.samples, batch.slots) == (9, 3, 10)
+
+
 def test_padding_free_batch_has_the_padded_batch_loss(tiny_model_template: Path) -> None:
     """Same samples, same label tokens, same mean: only the padding's compute is gone."""
     from transformers import AutoModelForCausalLM
