@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,7 +131,7 @@ def tokens_per_second(step_times: list[float], tokens_per_step: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="2.7B on CUDA, small on CPU")
-    parser.add_argument("--only", default="", help="comma-separated config names (fp16-offload, bf16)")
+    parser.add_argument("--only", default="", help="config names, comma-separated, in run order")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-seq-length", type=int, default=None, help="1024 on CUDA, 128 on CPU")
     parser.add_argument("--train-batch-size", type=int, default=None, help="8 on CUDA, 2 on CPU")
@@ -143,11 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[shape_name]
     seq = args.max_seq_length or (1024 if cuda else 128)
     batch = args.train_batch_size or (8 if cuda else 2)
-    wanted = {s.strip() for s in args.only.split(",") if s.strip()}
-    chosen = {k: v for k, v in configs(cuda=cuda, train_batch_size=batch).items() if not wanted or k in wanted}
+    available = configs(cuda=cuda, train_batch_size=batch)
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()] or list(available)  # in the order given
+    unknown = [w for w in wanted if w not in available]
+    if unknown:
+        parser.error(f"--only: unknown config {', '.join(unknown)}; choose from {', '.join(available)}")
+    chosen = {w: available[w] for w in wanted}
     name = gpu_name() if cuda else None
     peak = peak_flops(name) if cuda else None
     rows: list[Row] = []
+    path = args.output or RESULTS_DIR / f"gpu-{datetime.now(UTC).date().isoformat()}.json"
     with tempfile.TemporaryDirectory(prefix="tuneq-bench-gpu-", dir=os.environ.get("TUNEQ_BENCH_TMP")) as tmp:
         work = Path(tmp)
         console.print(f"building a {shape_name} GPT-Neo (random weights) in {work}")
@@ -157,6 +163,17 @@ def main(argv: list[str] | None = None) -> int:
             parameters=parameters, layers=shape["layers"], hidden_size=shape["hidden_size"], seq_length=seq
         )
         write_long_records(work / "data.jsonl", records=batch * (args.steps + 2))
+        document: dict[str, Any] = {
+            "machine": machine(),
+            "shape": {"name": shape_name, **shape, "parameters": parameters},
+            "max_seq_length": seq,
+            "train_batch_size": batch,
+            "steps": args.steps,
+            "warmup_steps": WARMUP_STEPS,
+            "flops_per_token": per_token,
+            "peak_flops": peak,
+            "configs": chosen,
+        }
         launcher.build_ops(launcher.detect_hardware())
         with tuneq_dev(work, env) as dev:
             for label, config in chosen.items():
@@ -179,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     timeout=3600,
                 )
                 rows.append(_row(label, "bare", json.loads(times.read_text())["step_times"], memory, batch * seq))
+                _write(path, rows, peak=peak, document=document)
                 console.print(f"{label}: tuneq")
                 job_id, memory = dev.run_job(
                     {
@@ -191,27 +209,24 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 rows.append(_row(label, "tuneq", metric_times(dev.metrics(job_id)), memory, batch * seq))
-    for row in rows:
-        row.mfu = row.tokens_per_second * per_token / peak if peak else None
+                # A 2.7B job's final checkpoint (weights, fp32 master copy, Adam moments) is ~40 GB:
+                # two of them would fill a GPU host's disk, and only the step times are needed.
+                shutil.rmtree(work / "home" / "runs" / job_id, ignore_errors=True)
+                _write(path, rows, peak=peak, document=document)
     _print(console, rows, title=f"{shape_name} GPT-Neo ({parameters / 1e6:,.0f} M parameters) on {name or 'CPU'}")
-    path = args.output or RESULTS_DIR / f"gpu-{datetime.now(UTC).date().isoformat()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "shape": {"name": shape_name, **shape, "parameters": parameters},
-        "max_seq_length": seq,
-        "train_batch_size": batch,
-        "steps": args.steps,
-        "warmup_steps": WARMUP_STEPS,
-        "flops_per_token": per_token,
-        "peak_flops": peak,
-        "configs": chosen,
-        "rows": [asdict(r) for r in rows],
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n")
     console.print(f"written: {path}")
     return 0
+
+
+def _write(path: Path, rows: list[Row], *, peak: float | None, document: dict[str, Any]) -> None:
+    """The results so far (after every run, so a run cut short still leaves the rows it finished)."""
+    per_token = document["flops_per_token"]
+    for row in rows:
+        row.mfu = row.tokens_per_second * per_token / peak if peak else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {**document, "written_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    document["rows"] = [asdict(r) for r in rows]
+    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def _row(label: str, side: str, step_times: list[float], memory: Any, tokens_per_step: int) -> Row:
