@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     timeout=3600,
                 )
                 rows.append(_row(label, "bare", json.loads(times.read_text())["step_times"], memory, batch * seq))
-                _write(path, rows, peak=peak, document=document)
+                _write(path, rows, document=document)
                 console.print(f"{label}: tuneq")
                 job_id, memory = dev.run_job(
                     {
@@ -211,16 +211,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(_row(label, "tuneq", metric_times(dev.metrics(job_id)), memory, batch * seq))
                 # A 2.7B job's final checkpoint (weights, fp32 master copy, Adam moments) is ~40 GB:
                 # two of them would fill a GPU host's disk, and only the step times are needed.
-                shutil.rmtree(work / "home" / "runs" / job_id, ignore_errors=True)
-                _write(path, rows, peak=peak, document=document)
+                shutil.rmtree(dev.run_dir(job_id), ignore_errors=True)
+                _write(path, rows, document=document)
     _print(console, rows, title=f"{shape_name} GPT-Neo ({parameters / 1e6:,.0f} M parameters) on {name or 'CPU'}")
     console.print(f"written: {path}")
     return 0
 
 
-def _write(path: Path, rows: list[Row], *, peak: float | None, document: dict[str, Any]) -> None:
+def _write(path: Path, rows: list[Row], *, document: dict[str, Any]) -> None:
     """The results so far (after every run, so a run cut short still leaves the rows it finished)."""
-    per_token = document["flops_per_token"]
+    per_token, peak = document["flops_per_token"], document["peak_flops"]
     for row in rows:
         row.mfu = row.tokens_per_second * per_token / peak if peak else None
     path.parent.mkdir(parents=True, exist_ok=True)

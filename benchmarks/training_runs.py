@@ -25,6 +25,8 @@ import psutil
 
 from benchmarks.common import Server, keep_log
 from shared.ports import free_port
+from shared.settings import Settings
+from shared.storage import RunLayout
 
 # Reading a process's PSS walks its page tables (~0.1 s for a rank under load): sampled once a
 # second, so the sampler's own CPU stays small next to the ranks' (memory peaks last a step).
@@ -132,9 +134,10 @@ def launch_script(
 class TuneqDev:
     """A real ``tuneq dev`` on the embedded default (SQLite database and broker) in ``home``."""
 
-    def __init__(self, server: Server, log: Path) -> None:
+    def __init__(self, server: Server, log: Path, home: Path) -> None:
         self.server = server
         self.log = log
+        self.home = home
         self.client = httpx.Client(base_url=server.base_url, timeout=30)
 
     def worker_process(self) -> psutil.Process:
@@ -174,6 +177,10 @@ class TuneqDev:
             raise RuntimeError(f"job {job_id} exported no model: {checkpoints}")
         return Path(exported[-1]["uri"])  # a local path on the embedded default
 
+    def run_dir(self, job_id: str) -> Path:
+        """The job's run directory: its spec, logs, checkpoints and exported model."""
+        return RunLayout.for_job(Settings(home=self.home), job_id).root
+
 
 def metric_times(metrics: list[dict[str, Any]]) -> list[float]:
     """Each reported step's wall-clock end, as POSIX seconds."""
@@ -194,7 +201,7 @@ def tuneq_dev(work: Path, env: dict[str, str]) -> Iterator[TuneqDev]:
     with Server(argv, env=dev_env, log=log, port=port) as server:
         server.wait_ready("/readyz")
         try:
-            yield TuneqDev(server, log)
+            yield TuneqDev(server, log, home)
         except Exception:
             keep_log(log, "tuneq-dev")
             raise

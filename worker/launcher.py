@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,8 +80,25 @@ def launch_command(*, spec_path: Path, num_ranks: int, master_port: int) -> list
     ]
 
 
+# "9.0a" (arch-specific) and "10.0f" (family-specific) are CUDA 12.8+ targets torch accepts,
+# but DeepSpeed's op builder reads every entry as "<major>.<minor>[+PTX]" and fails with
+# ``ValueError: invalid literal for int()`` on them; its ops use no arch-specific features.
+_ARCH_SUFFIX = re.compile(r"^(\d+\.\d+)[af](\+PTX)?$")
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's op builder can parse it: each arch's ``a``/``f``
+    suffix dropped, ``+PTX`` kept, anything else left as it was."""
+    entries = value.replace(" ", ";").split(";")
+    return ";".join(_ARCH_SUFFIX.sub(r"\1\2", entry.strip()) for entry in entries if entry.strip())
+
+
 def rank_environment(hardware: HostHardware, *, num_ranks: int, worker_pid: int) -> dict[str, str]:
     env = dict(os.environ)
+    if (given := env.get("TORCH_CUDA_ARCH_LIST")) is not None:
+        env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(given)
+        if env["TORCH_CUDA_ARCH_LIST"] != given:
+            logger.info("TORCH_CUDA_ARCH_LIST %r is %r for DeepSpeed", given, env["TORCH_CUDA_ARCH_LIST"])
     env["PYTHONUNBUFFERED"] = "1"
     env["TUNEQ_WORKER_PID"] = str(worker_pid)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(OPS_BUILD_DIR))

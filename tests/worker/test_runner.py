@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sqlmodel import Session
 
 from shared.db import get_engine
@@ -10,7 +11,7 @@ from shared.models import Job, JobStatus
 from shared.samples import seed_config
 from shared.settings import get_settings
 from shared.storage import RunLayout
-from worker.launcher import HostHardware, launch_command, rank_environment
+from worker.launcher import HostHardware, deepspeed_arch_list, launch_command, rank_environment
 from worker.runner import failure_from_ranks, hardware_problem, run_job
 
 
@@ -74,6 +75,33 @@ def test_rank_environment_sets_the_cpu_accelerator_only_without_gpus(monkeypatch
     assert cpu_env["DS_ACCELERATOR"] == "cpu" and cpu_env["TUNEQ_WORKER_PID"] == "123"
     gpu_env = rank_environment(HostHardware("cuda", 4), num_ranks=2, worker_pid=123)
     assert gpu_env.get("DS_ACCELERATOR") == __import__("os").environ.get("DS_ACCELERATOR")
+
+
+def test_rank_environment_gives_deepspeed_an_arch_list_it_can_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GPU images set arch-specific targets ("9.0a", "10.0f") that DeepSpeed's op builder cannot read.
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0a;10.0f+PTX; 12.0+PTX")
+    env = rank_environment(HostHardware("cuda", 1), num_ranks=1, worker_pid=1)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX;12.0+PTX"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    assert "TORCH_CUDA_ARCH_LIST" not in rank_environment(HostHardware("cuda", 1), num_ranks=1, worker_pid=1)
+
+
+def test_the_arch_list_tuneq_passes_on_is_one_deepspeeds_op_builder_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    class Probe(CUDAOpBuilder):  # cross-compile mode: only TORCH_CUDA_ARCH_LIST is read
+        def __init__(self) -> None:
+            super().__init__(name="probe")
+
+        def absolute_name(self) -> str:
+            return "probe"
+
+        def sources(self) -> list[str]:
+            return []
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", deepspeed_arch_list("8.0;9.0a;10.0f+PTX"))
+    args = Probe().compute_capability_args()
+    assert "-gencode=arch=compute_90,code=sm_90" in args and "-gencode=arch=compute_100,code=compute_100" in args
 
 
 def test_out_of_memory_failures_get_advice(tmp_path: Path) -> None:
