@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH)"
 	# DeepSpeed builds against the torch already installed, hence no build isolation.
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
-	# DeepSpeed's CPU Adam / fused Adam, compiled now rather than in the first job (minutes).
+	# DeepSpeed's CPU Adam / fused Adam (and CPU shm all-reduce), compiled now rather than in the first job.
 	if [ "$(BUILD_OPS)" = yes ]; then $(VENV)/bin/tuneq build-ops; fi
 	touch $(STAMP)
 

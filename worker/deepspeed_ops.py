@@ -1,7 +1,9 @@
 """Compile the DeepSpeed ops a worker's ranks load, ahead of the first job.
 
 DeepSpeed compiles an op the first time a rank uses it: CPU Adam for ``offload_optimizer``,
-fused Adam for optimizers on a GPU; a minute or more, inside the first job's startup.
+fused Adam for optimizers on a GPU, and on a CPU host the shared-memory all-reduce its torch
+comm backend loads in ``init_distributed``; a minute or more, inside the first job's startup
+(and, for a compiler's gigabytes, in its peak memory).
 ``tuneq build-ops`` (run by ``make install``) runs this module with the ranks' own environment
 (worker.launcher.rank_environment), so the build lands where the ranks look for it: one
 directory per virtual environment (``launcher.OPS_BUILD_DIR``) unless TORCH_EXTENSIONS_DIR says
@@ -17,7 +19,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
+# ShareMemCommBuilder exists only on the CPU accelerator; on others _op_builders skips it.
+OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
 
 
 def _op_builders() -> Iterator[tuple[str, Any]]:

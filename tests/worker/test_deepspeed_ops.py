@@ -1,4 +1,4 @@
-"""DeepSpeed's optimizer ops: built at install, loaded once by the warm start for its ranks."""
+"""DeepSpeed's optimizer and CPU comm ops: built at install, loaded once by the warm start for its ranks."""
 
 from __future__ import annotations
 
@@ -28,5 +28,5 @@ def test_the_warm_start_preloads_every_op_for_its_forked_ranks() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     probe = json.loads(done.stdout.strip().splitlines()[-1])
     assert probe["loaded"] == list(OPS)
-    assert {"cpu_adam", "fused_adam"} <= set(probe["modules"])
+    assert {"cpu_adam", "fused_adam", "deepspeed_shm_comm"} <= set(probe["modules"])
     assert probe["cuda"] is False
