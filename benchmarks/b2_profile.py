@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from worker.data import RowCollator
+    from shared.dataset import read_records
+    from shared.tokenized import tokenize_records
+    from shared.training_data import rows_of
+    from worker.data import IGNORE_INDEX, RowCollator, SampleRows
 
     torch.set_num_threads(1)
     torch.manual_seed(workload.SEED)
@@ -62,13 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         workload.write_variable_length_dataset(work / "data.jsonl")
         tokenizer = AutoTokenizer.from_pretrained(work / "model")
         model = AutoModelForCausalLM.from_pretrained(work / "model", use_safetensors=True).train()
-        texts = [json.loads(line)["text"] for line in (work / "data.jsonl").read_text().splitlines()]
+        # The rows a job trains on: the job's own tokenization, one sample a row.
+        limit = workload.MAX_SEQ_LENGTH
+        samples, _ = tokenize_records(read_records(work / "data.jsonl"), tokenizer, max_seq_length=limit)
+    dataset = SampleRows(samples, rows_of(samples, packing=False, max_seq_length=limit), packing=False)
+    rows = [dataset[i] for i in range(len(dataset))]
     eos = tokenizer.eos_token_id
-    limit = workload.MAX_SEQ_LENGTH
-    rows = []  # tokenized as for training: EOS appended, cut to max_seq_length, every token a label
-    for ids in tokenizer(texts)["input_ids"]:
-        tokens = np.asarray([*ids, eos][:limit], dtype=np.int64)
-        rows.append([(tokens, np.ones_like(tokens))])
 
     padded = RowCollator(eos, packing=False)
     padding_free = RowCollator(eos, packing=False, padding_free=True, max_seq_length=limit)
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_row_at_a_time(batch: list[Any]) -> None:
         # num_items_in_batch: every row's loss summed over the micro-batch's labels, one mean
-        labels = torch.tensor(sum(len(row[0][0]) - 1 for row in batch))
+        labels = (padded(batch).inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
         for row in batch:
             forward_backward(padded([row]).inputs, num_items_in_batch=labels)
 
