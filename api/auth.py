@@ -11,7 +11,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,42 +27,47 @@ def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
     return HTTPException(status_code=401, detail=message, headers={"WWW-Authenticate": challenge})
 
 
-# Declares the scheme in the OpenAPI document (so clients and fuzzers know a 401 means "send a key");
-# the header is still read below, for refusals that say what is wrong with it.
-_bearer = HTTPBearer(auto_error=False, description="An API key: `tuneq keys create --owner NAME`")
-
-
 def _owner_of_key(key: str) -> str | None:
     with Session(get_engine(), expire_on_commit=False) as session:
         return owner_of_key(session=session, key=key)
 
 
-async def current_owner(
-    request: Request,
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
-    # Every route of the API depends on this: it takes no session or settings dependency of
-    # its own (each costs FastAPI's dependency solving on every request, the larger part of a
-    # small read's time), and opens a session only to look a key up.
-    if not get_settings().auth_required:
-        return LOCAL_OWNER
-    header = request.headers.get("authorization")
-    if not header:
-        raise _unauthorized(
-            "this API needs a key: send 'Authorization: Bearer <key>' (an operator creates keys with "
-            "`tuneq keys create --owner NAME`)",
-            invalid=False,
-        )
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
-    # The key lookup reads (and now and then writes) the database: in the thread pool.
-    owner = await run_in_threadpool(_owner_of_key, key.strip())
-    if owner is None:
-        raise _unauthorized("the API key is unknown or revoked", invalid=True)
-    return owner
+class BearerOwner(SecurityBase):
+    """The dependency every route takes: the caller's owner, from ``Authorization: Bearer <key>``.
+
+    A security scheme itself (FastAPI declares it in the OpenAPI document, so clients and fuzzers
+    know a 401 means "send a key") rather than a function over ``HTTPBearer``: a sub-dependency
+    costs FastAPI's dependency solving on every request, about a fifth of a cached
+    ``GET /jobs/{id}`` (BENCHMARKS.md, B4). It takes no session or settings dependency either,
+    and opens a session only to look a key up. The header is read here, for refusals that say
+    what is wrong with it.
+    """
+
+    def __init__(self) -> None:
+        self.model = HTTPBearerModel(description="An API key: `tuneq keys create --owner NAME`")
+        self.scheme_name = "HTTPBearer"
+
+    async def __call__(self, request: Request) -> str:
+        if not get_settings().auth_required:
+            return LOCAL_OWNER
+        header = request.headers.get("authorization")
+        if not header:
+            raise _unauthorized(
+                "this API needs a key: send 'Authorization: Bearer <key>' (an operator creates keys with "
+                "`tuneq keys create --owner NAME`)",
+                invalid=False,
+            )
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
+        # The key lookup reads (and now and then writes) the database: in the thread pool.
+        owner = await run_in_threadpool(_owner_of_key, key.strip())
+        if owner is None:
+            raise _unauthorized("the API key is unknown or revoked", invalid=True)
+        return owner
 
 
+current_owner = BearerOwner()
 OwnerDep = Annotated[str, Depends(current_owner)]
 
 

@@ -11,9 +11,20 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from api.job_cache import JobAnswer
 from shared.job_events import list_events
 from shared.lifecycle import live_since, mark_published, record_event, request_cancel, route_job
-from shared.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, Worker
+from shared.models import (
+    Checkpoint,
+    CheckpointKind,
+    EventType,
+    Job,
+    JobEvent,
+    JobMetric,
+    JobPublic,
+    JobStatus,
+    Worker,
+)
 from shared.queue import enqueue_job
 from shared.settings import Settings
 from shared.spec import JobCreate, TrainingOptions
@@ -216,9 +227,19 @@ def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: i
 def get_job(*, session: Session, job_id: uuid.UUID, owner: str) -> Job | None:
     """``owner``'s job, or None: another owner's job is not found, exactly like a missing one.
 
-    Every lookup of a job on a caller's behalf goes through here."""
+    Every lookup of a job on a caller's behalf goes through here, except ``GET /jobs/{id}``'s
+    read (``job_answer``), which every caller shares and whose route checks the owner."""
     job = session.get(Job, job_id)
     return job if job is not None and job.owner == owner else None
+
+
+def job_answer(*, session: Session, job_id: uuid.UUID) -> JobAnswer | None:
+    """What ``GET /jobs/{id}`` answers for the job, whoever asks: its owner, to compare with the
+    caller's, and its public JSON body, encoded once for all the requests that share it."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return None
+    return JobAnswer(owner=job.owner, body=JobPublic.from_job(job).model_dump_json().encode())
 
 
 def list_jobs(

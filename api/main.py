@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.auth import BodySizeLimit
+from api.job_cache import JobReadCache
 from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
 from api.routes import dashboard, health, jobs
@@ -41,9 +42,12 @@ def create_app() -> FastAPI:
     app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
     # Per app, not the process-global registry: tests build many apps in one process.
     app.state.metrics_registry, latency = build_registry()
+    app.state.job_cache = JobReadCache()  # GET /jobs/{id}'s recent answers, per app like the registry
     app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s too
-    app.include_router(health.router)
+    # The job routes first: a request is matched against the routers in this order, and polls
+    # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).
     app.include_router(jobs.router)
+    app.include_router(health.router)
     app.include_router(dashboard.router)  # the web UI at /, outside the OpenAPI schema
     return app
 

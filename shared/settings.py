@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # comes about 10 s sooner); "deepspeed" runs DeepSpeed's own launcher for every job. A
     # worker whose warm start cannot come up uses the launcher anyway.
     launcher: Literal["warm", "deepspeed"] = "warm"
+    # GET /jobs/{id} answers from what this API process read at most this many seconds ago
+    # (api.job_cache): pollers of one job share a read instead of each querying the database.
+    # A change made by a worker or another API replica shows within it; 0: read every time.
+    job_cache_seconds: float = Field(default=1.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -4,7 +4,6 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 from sse_starlette.sse import EventSourceResponse
@@ -13,8 +12,10 @@ from api import jobs_service, plan_service
 from api.auth import OwnerDep, current_owner
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
+from api.job_cache import JobAnswer, JobReadCache
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
+from shared.db import get_read_engine
 from shared.lifecycle import JobFinishedError
 from shared.models import (
     CheckpointPublic,
@@ -30,6 +31,7 @@ from shared.models import (
     MetricsPublic,
 )
 from shared.plan import JobPlan
+from shared.settings import get_settings
 from shared.spec import JobCreate
 from shared.storage import RunLayout
 from shared.validation import JobValidationError
@@ -50,11 +52,15 @@ RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
 SQL_INT_MAX = 2**31 - 1
 
 
+def _not_found(job_id: uuid.UUID) -> HTTPException:
+    """The answer for a missing job, and for another owner's job alike."""
+    return HTTPException(status_code=404, detail=f"job {job_id} not found")
+
+
 def _job_or_404(session: Session, job_id: uuid.UUID, owner: str) -> Job:
-    """Another owner's job answers exactly like a missing one."""
     job = jobs_service.get_job(session=session, job_id=job_id, owner=owner)
     if job is None:
-        raise HTTPException(status_code=404, detail=f"job {job_id} not found")
+        raise _not_found(job_id)
     return job
 
 
@@ -116,25 +122,34 @@ def list_jobs(
     return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
 
 
-def _read_job(session: Session, job_id: uuid.UUID, owner: str) -> JobPublic:
-    return JobPublic.from_job(_job_or_404(session, job_id, owner))
+def _read_job_answer(job_id: uuid.UUID) -> JobAnswer | None:
+    # Runs in the thread pool, on the read-only (autocommit) engine like ReadSessionDep.
+    with Session(get_read_engine(), expire_on_commit=False) as session:
+        return jobs_service.job_answer(session=session, job_id=job_id)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-async def get_job(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> JobPublic:
-    # The route clients poll. Async with the read in the thread pool: one trip through it; a
-    # sync route takes two (the function, then FastAPI validating what it returned).
-    return await run_in_threadpool(_read_job, session, job_id, owner)
+async def get_job(job_id: uuid.UUID, request: Request, owner: OwnerDep) -> Response:
+    # The route clients poll: answered from this process's recent read of the job when there is
+    # one (api.job_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting.
+    # The body is encoded once per read, so the answer skips FastAPI's response validation.
+    cache: JobReadCache = request.app.state.job_cache
+    answer = await cache.read(job_id, ttl=get_settings().job_cache_seconds, load=_read_job_answer)
+    if answer is None or answer.owner != owner:
+        raise _not_found(job_id)
+    return Response(answer.body, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
-def cancel_job(job_id: uuid.UUID, session: SessionDep, owner: OwnerDep) -> JobPublic:
+def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
     """A queued job is cancelled at once; a running one goes through `cancelling`."""
     _job_or_404(session, job_id, owner)
     try:
-        return JobPublic.from_job(jobs_service.cancel_job(session=session, job_id=job_id))
+        job = jobs_service.cancel_job(session=session, job_id=job_id)
     except JobFinishedError as e:
         raise HTTPException(status_code=409, detail=str(e)) from None
+    request.app.state.job_cache.forget(job_id)  # this caller's next GET sees the cancel
+    return JobPublic.from_job(job)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)

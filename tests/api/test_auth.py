@@ -103,6 +103,8 @@ def test_another_owners_job_is_not_found(
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
     layout.log.write_text("alice's secret log line\n")
+    # alice's read is kept for GET /jobs/{id} (api.job_cache): bob still gets the 404.
+    assert app_client.get(f"/jobs/{job_id}", headers=alice).status_code == 200
 
     headers = {**extra.get("headers", {})}
     params = extra.get("params", {})

@@ -152,6 +152,48 @@ def test_cancel_a_queued_job_at_once_and_again(client: TestClient, body: dict[st
     assert client.post(f"/jobs/{uuid.uuid4()}/cancel").status_code == 404
 
 
+def _worker_writes(job_id: str, **values: Any) -> None:
+    """A change made outside this API process, as a worker (or another replica) makes it."""
+    with Session(get_engine()) as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None
+        for name, value in values.items():
+            setattr(job, name, value)
+        session.add(job)
+        session.commit()
+
+
+def test_a_job_read_is_kept_job_cache_seconds_and_this_process_cancel_shows_at_once(
+    client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("TUNEQ_JOB_CACHE_SECONDS", "600")  # far longer than the test: what is kept stays
+    get_settings.cache_clear()
+    job_id = client.post("/jobs", json=body).json()["id"]
+    assert client.get(f"/jobs/{job_id}").json()["step"] == 0
+    _worker_writes(job_id, status=JobStatus.running, step=7)
+    kept = client.get(f"/jobs/{job_id}").json()
+    assert (kept["status"], kept["step"]) == ("queued", 0)  # written elsewhere: shows within the TTL
+    cancelled = client.post(f"/jobs/{job_id}/cancel").json()
+    assert (cancelled["status"], cancelled["step"]) == ("cancelling", 7)
+    assert client.get(f"/jobs/{job_id}").json() == cancelled  # this process's own change: at once
+
+
+def test_with_job_cache_seconds_zero_every_read_sees_the_database(
+    client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("TUNEQ_JOB_CACHE_SECONDS", "0")
+    get_settings.cache_clear()
+    job_id = client.post("/jobs", json=body).json()["id"]
+    assert client.get(f"/jobs/{job_id}").json()["step"] == 0
+    _worker_writes(job_id, status=JobStatus.running, step=7)
+    read = client.get(f"/jobs/{job_id}").json()
+    assert (read["status"], read["step"]) == ("running", 7)
+
+
 def test_cancel_a_finished_job_is_409(client: TestClient, body: dict[str, Any]) -> None:
     job_id = client.post("/jobs", json=body).json()["id"]
     with Session(get_engine()) as session:

@@ -1,0 +1,220 @@
+"""api.job_cache: what ``GET /jobs/{id}`` answers from, and when it reads the database again."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from api.job_cache import JobAnswer, JobReadCache
+
+T = TypeVar("T")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Database:
+    """A stand-in for the read: counts reads, numbers each answer, can be held until released."""
+
+    def __init__(self, clock: Clock | None = None, *, read_takes: float = 0.0) -> None:
+        self.reads = 0
+        self.found = True
+        self.fails = False
+        self.release = threading.Event()
+        self.release.set()
+        self._clock = clock
+        self._read_takes = read_takes
+
+    def __call__(self, job_id: uuid.UUID) -> JobAnswer | None:
+        assert self.release.wait(timeout=30)
+        self.reads += 1
+        if self._clock is not None:
+            self._clock.now += self._read_takes
+        if self.fails:
+            raise RuntimeError("the database went away")
+        return JobAnswer(owner="alice", body=f'{{"read":{self.reads}}}'.encode()) if self.found else None
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+JOB = uuid.uuid4()
+
+
+def test_an_answer_is_kept_for_ttl_seconds_then_read_again() -> None:
+    clock = Clock()
+    cache, database = JobReadCache(clock=clock), Database()
+
+    async def scenario() -> list[bytes]:
+        bodies = []
+        for advance in (0.0, 0.99, 0.02):
+            clock.now += advance
+            answer = await cache.read(JOB, ttl=1.0, load=database)
+            assert answer is not None
+            bodies.append(answer.body)
+        return bodies
+
+    assert run(scenario()) == [b'{"read":1}', b'{"read":1}', b'{"read":2}']
+    assert database.reads == 2
+
+
+def test_an_answers_age_counts_from_the_start_of_its_read() -> None:
+    # A read that took 0.6 s gives an answer already 0.6 s old: kept 0.4 s more with ttl 1.
+    clock = Clock()
+    cache, database = JobReadCache(clock=clock), Database(clock, read_takes=0.6)
+
+    async def scenario() -> None:
+        await cache.read(JOB, ttl=1.0, load=database)
+        clock.now += 0.3
+        await cache.read(JOB, ttl=1.0, load=database)
+        assert database.reads == 1
+        clock.now += 0.2
+        await cache.read(JOB, ttl=1.0, load=database)
+
+    run(scenario())
+    assert database.reads == 2
+
+
+def test_requests_during_a_read_share_it() -> None:
+    cache, database = JobReadCache(), Database()
+    database.release.clear()
+
+    async def scenario() -> list[JobAnswer | None]:
+        waiting = [asyncio.ensure_future(cache.read(JOB, ttl=1.0, load=database)) for _ in range(20)]
+        await asyncio.sleep(0)  # every request is now waiting on the one read
+        database.release.set()
+        return await asyncio.gather(*waiting)
+
+    answers = run(scenario())
+    assert database.reads == 1
+    assert {a.body if a else None for a in answers} == {b'{"read":1}'}
+
+
+def test_a_request_that_goes_away_leaves_the_shared_read_to_the_others() -> None:
+    cache, database = JobReadCache(), Database()
+    database.release.clear()
+
+    async def scenario() -> JobAnswer | None:
+        leaving = asyncio.ensure_future(cache.read(JOB, ttl=1.0, load=database))
+        staying = asyncio.ensure_future(cache.read(JOB, ttl=1.0, load=database))
+        await asyncio.sleep(0)
+        leaving.cancel()
+        database.release.set()
+        answer = await staying
+        assert leaving.cancelled()
+        return answer
+
+    answer = run(scenario())
+    assert answer is not None and answer.body == b'{"read":1}' and database.reads == 1
+
+
+def test_forget_makes_the_next_request_read() -> None:
+    cache, database = JobReadCache(), Database()
+
+    async def scenario() -> None:
+        await cache.read(JOB, ttl=60.0, load=database)
+        cache.forget(JOB)
+        answer = await cache.read(JOB, ttl=60.0, load=database)
+        assert answer is not None and answer.body == b'{"read":2}'
+
+    run(scenario())
+
+
+def test_a_read_in_flight_when_the_job_changed_here_is_not_kept() -> None:
+    # Its answer may predate the change: the requests already waiting get it, later ones read again.
+    cache, database = JobReadCache(), Database()
+    database.release.clear()
+
+    async def scenario() -> None:
+        before = asyncio.ensure_future(cache.read(JOB, ttl=60.0, load=database))
+        await asyncio.sleep(0)
+        cache.forget(JOB)
+        database.release.set()
+        assert (await before) is not None
+        after = await cache.read(JOB, ttl=60.0, load=database)
+        assert after is not None and after.body == b'{"read":2}'
+
+    run(scenario())
+    assert len(cache) == 1
+
+
+def test_a_missing_job_is_not_kept() -> None:
+    cache, database = JobReadCache(), Database()
+    database.found = False
+
+    async def scenario() -> None:
+        assert await cache.read(JOB, ttl=60.0, load=database) is None
+        database.found = True  # created a moment later: found at once
+        assert await cache.read(JOB, ttl=60.0, load=database) is not None
+
+    run(scenario())
+    assert database.reads == 2
+
+
+def test_ttl_zero_reads_every_time() -> None:
+    cache, database = JobReadCache(), Database()
+
+    async def scenario() -> None:
+        for _ in range(3):
+            await cache.read(JOB, ttl=0.0, load=database)
+
+    run(scenario())
+    assert database.reads == 3 and len(cache) == 0
+
+
+def test_a_failed_read_reaches_every_waiting_request_and_is_not_kept() -> None:
+    cache, database = JobReadCache(), Database()
+    database.release.clear()
+    database.fails = True
+
+    async def scenario() -> list[Any]:
+        waiting = [asyncio.ensure_future(cache.read(JOB, ttl=60.0, load=database)) for _ in range(3)]
+        await asyncio.sleep(0)
+        database.release.set()
+        return await asyncio.gather(*waiting, return_exceptions=True)
+
+    assert [str(e) for e in run(scenario())] == ["the database went away"] * 3
+    database.fails = False
+    assert run(cache.read(JOB, ttl=60.0, load=database)) is not None
+    assert database.reads == 2
+
+
+def test_past_max_jobs_the_oldest_reads_go_first() -> None:
+    cache, database = JobReadCache(max_jobs=2), Database()
+    first, second, third = (uuid.uuid4() for _ in range(3))
+
+    async def scenario() -> None:
+        for job_id in (first, second, third):
+            await cache.read(job_id, ttl=60.0, load=database)
+        assert database.reads == 3 and len(cache) == 2
+        await cache.read(second, ttl=60.0, load=database)
+        assert database.reads == 3
+        await cache.read(first, ttl=60.0, load=database)
+        assert database.reads == 4
+
+    run(scenario())
+
+
+def test_past_max_jobs_expired_answers_go_before_live_ones() -> None:
+    clock = Clock()
+    cache, database = JobReadCache(max_jobs=2, clock=clock), Database()
+    older_live, newer_expired, new = (uuid.uuid4() for _ in range(3))
+
+    async def scenario() -> None:
+        await cache.read(older_live, ttl=60.0, load=database)
+        await cache.read(newer_expired, ttl=1.0, load=database)
+        clock.now += 2
+        await cache.read(new, ttl=60.0, load=database)
+        await cache.read(older_live, ttl=60.0, load=database)
+
+    run(scenario())
+    assert database.reads == 3 and len(cache) == 2
