@@ -1,6 +1,8 @@
 """B4: ``GET /jobs/{id}`` on Postgres through ``tuneq serve`` ÷ a bare FastAPI endpoint, 64 clients.
 
-Both servers are real processes run by the same uvicorn settings (``tuneq serve`` runs
+Beside the two, the least a FastAPI route can do (``benchmarks.bare_api:minimal``) runs under the
+same load, for the p99 floor of any FastAPI route on the host. All three servers are real
+processes run by the same uvicorn settings (``tuneq serve`` runs
 ``uvicorn.run(..., log_level="info", access_log=False)``); the load comes from a separate
 process, ``benchmarks.load`` (one raw keep-alive HTTP/1.1 connection per client, timed at the
 client), so the load generator shares no GIL with this process and costs the servers as
@@ -90,6 +92,21 @@ def _insert_job(database_url: str) -> uuid.UUID:
     return job_id
 
 
+def _uvicorn(app: str, port: int) -> list[str]:
+    """A baseline of ``benchmarks.bare_api`` under the uvicorn settings ``tuneq serve`` uses."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"benchmarks.bare_api:{app}",
+        "--port",
+        str(port),
+        "--log-level",
+        "info",
+        "--no-access-log",
+    ]
+
+
 def run(repeats: int) -> Result:
     database_url = fresh_postgres_schema()
     try:
@@ -100,36 +117,34 @@ def run(repeats: int) -> Result:
             migrate(env, log)
             job_id = _insert_job(database_url)
             path = f"/jobs/{job_id}"
-            tuneq_port, bare_port = free_port(), free_port()
+            tuneq_port, bare_port, minimal_port = free_port(), free_port(), free_port()
             serve = [sys.executable, "-m", "shared.cli", "serve", "--port", str(tuneq_port)]
-            bare = [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "benchmarks.bare_api:app",
-                "--port",
-                str(bare_port),
-                "--log-level",
-                "info",
-                "--no-access-log",
-            ]
+            bare, minimal = (_uvicorn(app, port) for app, port in (("app", bare_port), ("minimal", minimal_port)))
             ratios: list[float] = []
             p99s: list[float] = []
             tuneq_rps: list[float] = []
             bare_rps: list[float] = []
             bare_p99s: list[float] = []
+            minimal_rps: list[float] = []
+            minimal_p99s: list[float] = []
             with (
                 Server(serve, env=env, log=log, port=tuneq_port) as api,
                 Server(bare, env=env, log=log, port=bare_port) as baseline,
+                Server(minimal, env=env, log=log, port=minimal_port) as floor,
             ):
                 api.wait_ready("/readyz")
                 baseline.wait_ready("/healthz")
-                _check_body(api.base_url, path)
-                _check_body(baseline.base_url, path)
+                floor.wait_ready("/healthz")
+                for server in (api, baseline, floor):
+                    _check_body(server.base_url, path)
+                    server.wait_idle()
                 for _ in range(repeats):
-                    # Alternate, so drift on a shared machine falls on both sides alike.
+                    # In turn, so drift on a shared machine falls on every side alike.
                     b_rps, b_p99 = _measure(baseline.base_url, path)
                     t_rps, t_p99 = _measure(api.base_url, path)
+                    m_rps, m_p99 = _measure(floor.base_url, path)
+                    minimal_rps.append(m_rps)
+                    minimal_p99s.append(m_p99)
                     ratios.append(t_rps / b_rps)
                     p99s.append(t_p99)
                     tuneq_rps.append(t_rps)
@@ -150,5 +165,8 @@ def run(repeats: int) -> Result:
             "tuneq_rps": Stat.of(tuneq_rps).__dict__,
             "bare_rps": Stat.of(bare_rps).__dict__,
             "bare_p99_ms": Stat.of(bare_p99s).__dict__,
+            # The floor: the least a FastAPI route can do on this host under the same load.
+            "minimal_rps": Stat.of(minimal_rps).__dict__,
+            "minimal_p99_ms": Stat.of(minimal_p99s).__dict__,
         },
     )

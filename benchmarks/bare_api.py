@@ -1,12 +1,19 @@
-"""The baseline of B4: a bare FastAPI endpoint with a job-shaped JSON body, no database."""
+"""B4's baselines, each a job-shaped JSON body with no database.
+
+``app``: the bare FastAPI endpoint users would write (a sync ``def`` returning a dict), the
+reference of B4's ratio. ``minimal``: the least a FastAPI route can do (async, no dependency,
+no middleware, a body encoded once at import), whose p99 under B4's load is the floor any
+FastAPI route has on the host.
+"""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
 app = FastAPI()
 
@@ -48,3 +55,17 @@ def get_job(job_id: uuid.UUID) -> dict[str, Any]:
 @app.get("/healthz")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+minimal = FastAPI()
+_BODY = json.dumps(_JOB).encode()
+
+
+@minimal.get("/jobs/{job_id}")
+async def get_job_minimal(job_id: str) -> Response:
+    return Response(_BODY, media_type="application/json")
+
+
+@minimal.get("/healthz")
+async def healthz_minimal() -> Response:
+    return Response(b'{"status":"ok"}', media_type="application/json")

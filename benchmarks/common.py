@@ -86,6 +86,20 @@ class Server:
             time.sleep(0.3)
         raise TimeoutError(f"server not ready; see {self.log}")
 
+    def wait_idle(self, *, below: float = 0.05, window: float = 2.0, timeout: float = 120) -> None:
+        """Wait until the server's process spends under ``below`` of a core over ``window``
+        seconds: its start-up work (``tuneq serve`` imports DeepSpeed's config parser in a
+        background thread after it answers, with pauses for I/O, hence a long window) is not
+        measured as if it were the requests'."""
+        import psutil
+
+        process = psutil.Process(self.process.pid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.cpu_percent(interval=window) < below * 100:
+                return
+        raise TimeoutError(f"server still busy after {timeout:.0f} s; see {self.log}")
+
     def stop(self, *, timeout: float = 30) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

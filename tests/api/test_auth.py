@@ -191,6 +191,17 @@ def test_requests_without_a_valid_key_are_401(
     assert app_client.get("/readyz").status_code == 200
 
 
+def test_every_job_route_asks_for_a_key(app_client: TestClient) -> None:
+    # Each route takes the owner itself (no router-wide dependency): one that forgot would answer.
+    paths = {p: ops for p, ops in app_client.get("/openapi.json").json()["paths"].items() if p.startswith("/jobs")}
+    assert len(paths) >= 8
+    for template, operations in paths.items():
+        path = template.replace("{job_id}", str(uuid.uuid4()))
+        for method in operations:
+            answer = app_client.request(method.upper(), path)
+            assert answer.status_code == 401, (method, template, answer.text)
+
+
 def test_a_revoked_key_is_401_and_keys_are_stored_hashed(app_client: TestClient, body: dict[str, Any]) -> None:
     from shared.api_keys import revoke_key
 
