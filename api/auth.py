@@ -10,13 +10,13 @@ import json
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.api_keys import owner_of_key
+from api.read_cache import ReadCache
+from shared.api_keys import hash_key, owner_of_key
 from shared.db import get_engine
 from shared.models import LOCAL_OWNER
 from shared.settings import get_settings
@@ -39,8 +39,9 @@ class BearerOwner(SecurityBase):
     know a 401 means "send a key") rather than a function over ``HTTPBearer``: a sub-dependency
     costs FastAPI's dependency solving on every request, about a fifth of a cached
     ``GET /jobs/{id}`` (BENCHMARKS.md, B4). It takes no session or settings dependency either,
-    and opens a session only to look a key up. The header is read here, for refusals that say
-    what is wrong with it.
+    and opens a session only to look a key up that this process has not seen valid within
+    ``TUNEQ_KEY_CACHE_SECONDS``. The header is read here, for refusals that say what is wrong
+    with it.
     """
 
     def __init__(self) -> None:
@@ -48,7 +49,8 @@ class BearerOwner(SecurityBase):
         self.scheme_name = "HTTPBearer"
 
     async def __call__(self, request: Request) -> str:
-        if not get_settings().auth_required:
+        settings = get_settings()
+        if not settings.auth_required:
             return LOCAL_OWNER
         header = request.headers.get("authorization")
         if not header:
@@ -60,8 +62,12 @@ class BearerOwner(SecurityBase):
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
-        # The key lookup reads (and now and then writes) the database: in the thread pool.
-        owner = await run_in_threadpool(_owner_of_key, key.strip())
+        key = key.strip()
+        # The look-up reads (and now and then writes) the database, in the thread pool; a valid
+        # key's owner is kept TUNEQ_KEY_CACHE_SECONDS by the SHA-256 of the key (api.read_cache),
+        # so a revoked key is refused within that. Unknown and revoked keys are never kept.
+        owners: ReadCache[str, str] = request.app.state.key_cache
+        owner = await owners.read(hash_key(key), ttl=settings.key_cache_seconds, load=lambda _: _owner_of_key(key))
         if owner is None:
             raise _unauthorized("the API key is unknown or revoked", invalid=True)
         return owner

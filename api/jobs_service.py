@@ -6,12 +6,12 @@ import hashlib
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from api.job_cache import JobAnswer
 from shared.job_events import list_events
 from shared.lifecycle import live_since, mark_published, record_event, request_cancel, route_job
 from shared.models import (
@@ -231,6 +231,15 @@ def get_job(*, session: Session, job_id: uuid.UUID, owner: str) -> Job | None:
     read (``job_answer``), which every caller shares and whose route checks the owner."""
     job = session.get(Job, job_id)
     return job if job is not None and job.owner == owner else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobAnswer:
+    """What ``GET /jobs/{id}`` answers for one job: its owner (to answer another owner 404) and
+    the JSON body."""
+
+    owner: str
+    body: bytes
 
 
 def job_answer(*, session: Session, job_id: uuid.UUID) -> JobAnswer | None:

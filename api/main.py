@@ -5,15 +5,17 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from api.auth import BodySizeLimit
-from api.job_cache import JobReadCache
+from api.jobs_service import JobAnswer
 from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
+from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
 from shared.db import init_db
 from shared.deepspeed_config import known_top_level_keys
@@ -49,7 +51,10 @@ def create_app() -> FastAPI:
     app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
     # Per app, not the process-global registry: tests build many apps in one process.
     app.state.metrics_registry, latency = build_registry()
-    app.state.job_cache = JobReadCache()  # GET /jobs/{id}'s recent answers, per app like the registry
+    # Recent reads requests share (api.read_cache), per app like the registry: GET /jobs/{id}'s
+    # answers by job id, and owners by the SHA-256 of their API key.
+    app.state.job_cache = ReadCache[uuid.UUID, JobAnswer]()
+    app.state.key_cache = ReadCache[str, str]()
     app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s too
     # The job routes first: a request is matched against the routers in this order, and polls
     # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).

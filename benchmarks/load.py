@@ -49,9 +49,10 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
 
 
 async def _load(
-    host: str, port: int, path: str, *, clients: int, per_client: int, warmup: int
+    host: str, port: int, path: str, *, clients: int, per_client: int, warmup: int, headers: list[str]
 ) -> tuple[float, list[float]]:
-    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\n\r\n".encode()
+    extra = "".join(f"{h}\r\n" for h in headers)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\n{extra}\r\n".encode()
     connections = [await asyncio.open_connection(host, port) for _ in range(clients)]
     latencies: list[float] = []
 
@@ -83,13 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=40, help="timed requests per client")
     parser.add_argument("--warmup", type=int, default=5, help="untimed requests per client first")
+    parser.add_argument("--header", action="append", default=[], help="'Name: value' sent with every request")
     args = parser.parse_args(argv)
     url = urlsplit(args.url)
     if url.scheme != "http" or not url.hostname or not url.port:
         parser.error("the URL must be http://host:port/path")
     path = url.path + (f"?{url.query}" if url.query else "")
     rps, latencies = asyncio.run(
-        _load(url.hostname, url.port, path, clients=args.clients, per_client=args.requests, warmup=args.warmup)
+        _load(
+            url.hostname,
+            url.port,
+            path,
+            clients=args.clients,
+            per_client=args.requests,
+            warmup=args.warmup,
+            headers=args.header,
+        )
     )
     json.dump({"rps": rps, "latencies": latencies}, sys.stdout)
     return 0

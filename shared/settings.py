@@ -74,9 +74,12 @@ class Settings(BaseSettings):
     # worker whose warm start cannot come up uses the launcher anyway.
     launcher: Literal["warm", "deepspeed"] = "warm"
     # GET /jobs/{id} answers from what this API process read at most this many seconds ago
-    # (api.job_cache): pollers of one job share a read instead of each querying the database.
+    # (api.read_cache): pollers of one job share a read instead of each querying the database.
     # A change made by a worker or another API replica shows within it; 0: read every time.
     job_cache_seconds: float = Field(default=1.0, ge=0)
+    # Likewise for the look-up of a request's API key: a key revoked with `tuneq keys revoke`
+    # gets 401 from every API process within this many seconds; 0: look it up every time.
+    key_cache_seconds: float = Field(default=1.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -12,7 +12,8 @@ from api import jobs_service, plan_service
 from api.auth import OwnerDep
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
-from api.job_cache import JobAnswer, JobReadCache
+from api.jobs_service import JobAnswer
+from api.read_cache import ReadCache
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
 from shared.db import get_read_engine
@@ -127,9 +128,9 @@ def _read_job_answer(job_id: uuid.UUID) -> JobAnswer | None:
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
 async def get_job(job_id: uuid.UUID, request: Request, owner: OwnerDep) -> Response:
     # The route clients poll: answered from this process's recent read of the job when there is
-    # one (api.job_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting.
+    # one (api.read_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting.
     # The body is encoded once per read, so the answer skips FastAPI's response validation.
-    cache: JobReadCache = request.app.state.job_cache
+    cache: ReadCache[uuid.UUID, JobAnswer] = request.app.state.job_cache
     answer = await cache.read(job_id, ttl=get_settings().job_cache_seconds, load=_read_job_answer)
     if answer is None or answer.owner != owner:
         raise _not_found(job_id)

@@ -103,7 +103,7 @@ def test_another_owners_job_is_not_found(
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
     layout.log.write_text("alice's secret log line\n")
-    # alice's read is kept for GET /jobs/{id} (api.job_cache): bob still gets the 404.
+    # alice's read is kept for GET /jobs/{id} (api.read_cache): bob still gets the 404.
     assert app_client.get(f"/jobs/{job_id}", headers=alice).status_code == 200
 
     headers = {**extra.get("headers", {})}
@@ -202,9 +202,12 @@ def test_every_job_route_asks_for_a_key(app_client: TestClient) -> None:
             assert answer.status_code == 401, (method, template, answer.text)
 
 
-def test_a_revoked_key_is_401_and_keys_are_stored_hashed(app_client: TestClient, body: dict[str, Any]) -> None:
+def test_a_revoked_key_is_401_within_key_cache_seconds_and_keys_are_stored_hashed(
+    app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from shared.api_keys import revoke_key
 
+    auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="0.2")
     with Session(get_engine()) as session:
         row, key = create_key(session=session, owner="carol")
     assert key.startswith(f"tq_{row.id}_") and len(key) > 40
@@ -217,9 +220,30 @@ def test_a_revoked_key_is_401_and_keys_are_stored_hashed(app_client: TestClient,
         used = session.get(ApiKey, row.id)
         assert used is not None and used.last_used_at is not None and used.revoked_at is None
         revoke_key(session=session, key_id=row.id)
+    time.sleep(0.3)  # past the 0.2 s this process may keep a key it saw valid
     answer = app_client.get(f"/jobs/{job_id}", headers=bearer(key))
     assert answer.status_code == 401 and answer.headers["WWW-Authenticate"].startswith("Bearer")
     assert "revoked" in answer.json()["detail"]
+
+
+def test_a_valid_key_is_looked_up_once_per_key_cache_seconds(
+    app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.api_keys import revoke_key
+
+    auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="600")  # far longer than the test: what is kept stays
+    with Session(get_engine()) as session:
+        row, key = create_key(session=session, owner="carol")
+    job_id = submit(app_client, bearer(key), body)["id"]
+    with Session(get_engine()) as session:
+        revoke_key(session=session, key_id=row.id)
+    # Revoked from another process (`tuneq keys revoke`): this one still knows the key as valid.
+    assert app_client.get(f"/jobs/{job_id}", headers=bearer(key)).status_code == 200
+    # An unknown key is refused, and never kept.
+    assert app_client.get(f"/jobs/{job_id}", headers=bearer("tq_nope_nope")).status_code == 401
+    monkeypatch.setenv("TUNEQ_KEY_CACHE_SECONDS", "0")
+    get_settings.cache_clear()
+    assert app_client.get(f"/jobs/{job_id}", headers=bearer(key)).status_code == 401
 
 
 def test_too_many_active_jobs_is_429_with_retry_after(
@@ -418,11 +442,12 @@ def test_serve_off_loopback_requires_keys(tuneq_home: Path) -> None:
 def test_last_used_at_is_written_at_most_once_a_resolution(
     app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A key's every request reads it; only the first of each LAST_USED_RESOLUTION writes it.
+    # A key's every look-up reads it; only the first of each LAST_USED_RESOLUTION writes it.
     from datetime import timedelta
 
     from shared import api_keys
 
+    auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="0")  # every request looks its key up
     with Session(get_engine()) as session:
         row, key = create_key(session=session, owner="dave")
     job_id = submit(app_client, bearer(key), body)["id"]

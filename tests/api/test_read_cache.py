@@ -1,4 +1,4 @@
-"""api.job_cache: what ``GET /jobs/{id}`` answers from, and when it reads the database again."""
+"""api.read_cache: what ``GET /jobs/{id}`` and the key look-up answer from, and when they read again."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from api.job_cache import JobAnswer, JobReadCache
+from api.jobs_service import JobAnswer
+from api.read_cache import ReadCache
 
 T = TypeVar("T")
+JobCache = ReadCache[uuid.UUID, JobAnswer]
 
 
 class Clock:
@@ -52,7 +54,7 @@ JOB = uuid.uuid4()
 
 def test_an_answer_is_kept_for_ttl_seconds_then_read_again() -> None:
     clock = Clock()
-    cache, database = JobReadCache(clock=clock), Database()
+    cache, database = JobCache(clock=clock), Database()
 
     async def scenario() -> list[bytes]:
         bodies = []
@@ -70,7 +72,7 @@ def test_an_answer_is_kept_for_ttl_seconds_then_read_again() -> None:
 def test_an_answers_age_counts_from_the_start_of_its_read() -> None:
     # A read that took 0.6 s gives an answer already 0.6 s old: kept 0.4 s more with ttl 1.
     clock = Clock()
-    cache, database = JobReadCache(clock=clock), Database(clock, read_takes=0.6)
+    cache, database = JobCache(clock=clock), Database(clock, read_takes=0.6)
 
     async def scenario() -> None:
         await cache.read(JOB, ttl=1.0, load=database)
@@ -85,7 +87,7 @@ def test_an_answers_age_counts_from_the_start_of_its_read() -> None:
 
 
 def test_requests_during_a_read_share_it() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
     database.release.clear()
 
     async def scenario() -> list[JobAnswer | None]:
@@ -100,7 +102,7 @@ def test_requests_during_a_read_share_it() -> None:
 
 
 def test_a_request_that_goes_away_leaves_the_shared_read_to_the_others() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
     database.release.clear()
 
     async def scenario() -> JobAnswer | None:
@@ -118,7 +120,7 @@ def test_a_request_that_goes_away_leaves_the_shared_read_to_the_others() -> None
 
 
 def test_forget_makes_the_next_request_read() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
 
     async def scenario() -> None:
         await cache.read(JOB, ttl=60.0, load=database)
@@ -131,7 +133,7 @@ def test_forget_makes_the_next_request_read() -> None:
 
 def test_a_read_in_flight_when_the_job_changed_here_is_not_kept() -> None:
     # Its answer may predate the change: the requests already waiting get it, later ones read again.
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
     database.release.clear()
 
     async def scenario() -> None:
@@ -148,7 +150,7 @@ def test_a_read_in_flight_when_the_job_changed_here_is_not_kept() -> None:
 
 
 def test_a_missing_job_is_not_kept() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
     database.found = False
 
     async def scenario() -> None:
@@ -161,7 +163,7 @@ def test_a_missing_job_is_not_kept() -> None:
 
 
 def test_ttl_zero_reads_every_time() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
 
     async def scenario() -> None:
         for _ in range(3):
@@ -172,7 +174,7 @@ def test_ttl_zero_reads_every_time() -> None:
 
 
 def test_a_failed_read_reaches_every_waiting_request_and_is_not_kept() -> None:
-    cache, database = JobReadCache(), Database()
+    cache, database = JobCache(), Database()
     database.release.clear()
     database.fails = True
 
@@ -189,7 +191,7 @@ def test_a_failed_read_reaches_every_waiting_request_and_is_not_kept() -> None:
 
 
 def test_past_max_jobs_the_oldest_reads_go_first() -> None:
-    cache, database = JobReadCache(max_jobs=2), Database()
+    cache, database = JobCache(max_entries=2), Database()
     first, second, third = (uuid.uuid4() for _ in range(3))
 
     async def scenario() -> None:
@@ -206,7 +208,7 @@ def test_past_max_jobs_the_oldest_reads_go_first() -> None:
 
 def test_past_max_jobs_expired_answers_go_before_live_ones() -> None:
     clock = Clock()
-    cache, database = JobReadCache(max_jobs=2, clock=clock), Database()
+    cache, database = JobCache(max_entries=2, clock=clock), Database()
     older_live, newer_expired, new = (uuid.uuid4() for _ in range(3))
 
     async def scenario() -> None:
