@@ -380,7 +380,9 @@ def test_keys_create_list_revoke(database_url: str, monkeypatch: pytest.MonkeyPa
     assert header.split() == ["ID", "OWNER", "CREATED", "LAST", "USED", "REVOKED"]
     assert row.split()[:2] == [key_id, "dana"] and row.endswith("-") and key not in listed.stdout
 
-    auth_on(monkeypatch)
+    # Keys looked up on every request: the CLI's revoke shows at once (within the default
+    # TUNEQ_KEY_CACHE_SECONDS, as a revoked key is refused, is tested above).
+    auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="0")
     with TestClient(create_app()) as client:
         assert client.get("/jobs", headers=bearer(key)).status_code == 200
         revoked = tuneq("keys", "revoke", key_id, env=env)
