@@ -239,7 +239,7 @@ def test_a_valid_key_is_looked_up_once_per_key_cache_seconds(
         revoke_key(session=session, key_id=row.id)
     # Revoked from another process (`tuneq keys revoke`): this one still knows the key as valid.
     assert app_client.get(f"/jobs/{job_id}", headers=bearer(key)).status_code == 200
-    # An unknown key is refused, and never kept.
+    # An unknown key is refused all the same.
     assert app_client.get(f"/jobs/{job_id}", headers=bearer("tq_nope_nope")).status_code == 401
     monkeypatch.setenv("TUNEQ_KEY_CACHE_SECONDS", "0")
     get_settings.cache_clear()

@@ -27,6 +27,17 @@ def client(database_url: str) -> Iterator[TestClient]:
         yield c
 
 
+def write_job(job_id: str, **values: Any) -> None:
+    """A change made outside this API process, as a worker (or another replica) makes it."""
+    with Session(get_engine()) as session:
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None
+        for name, value in values.items():
+            setattr(job, name, value)
+        session.add(job)
+        session.commit()
+
+
 def job_count() -> int:
     with Session(get_engine()) as session:
         return len(session.exec(select(Job)).all())
@@ -79,12 +90,7 @@ def test_fp16_is_refused_when_every_live_worker_is_cpu_only(client: TestClient, 
 
 def test_list_is_newest_first_filtered_and_paginated(client: TestClient, body: dict[str, Any]) -> None:
     ids = [client.post("/jobs", json={**body, "name": f"j{i}"}).json()["id"] for i in range(3)]
-    with Session(get_engine()) as session:
-        job = session.get(Job, uuid.UUID(ids[0]))
-        assert job is not None
-        job.status = JobStatus.failed
-        session.add(job)
-        session.commit()
+    write_job(ids[0], status=JobStatus.failed)
     listed = client.get("/jobs").json()
     assert [j["id"] for j in listed["data"]] == ids[::-1] and listed["count"] == 3
     page = client.get("/jobs", params={"skip": 1, "limit": 1}).json()
@@ -152,17 +158,6 @@ def test_cancel_a_queued_job_at_once_and_again(client: TestClient, body: dict[st
     assert client.post(f"/jobs/{uuid.uuid4()}/cancel").status_code == 404
 
 
-def _worker_writes(job_id: str, **values: Any) -> None:
-    """A change made outside this API process, as a worker (or another replica) makes it."""
-    with Session(get_engine()) as session:
-        job = session.get(Job, uuid.UUID(job_id))
-        assert job is not None
-        for name, value in values.items():
-            setattr(job, name, value)
-        session.add(job)
-        session.commit()
-
-
 def test_a_job_read_is_kept_job_cache_seconds_and_this_process_cancel_shows_at_once(
     client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,7 +167,7 @@ def test_a_job_read_is_kept_job_cache_seconds_and_this_process_cancel_shows_at_o
     get_settings.cache_clear()
     job_id = client.post("/jobs", json=body).json()["id"]
     assert client.get(f"/jobs/{job_id}").json()["step"] == 0
-    _worker_writes(job_id, status=JobStatus.running, step=7)
+    write_job(job_id, status=JobStatus.running, step=7)
     kept = client.get(f"/jobs/{job_id}").json()
     assert (kept["status"], kept["step"]) == ("queued", 0)  # written elsewhere: shows within the TTL
     cancelled = client.post(f"/jobs/{job_id}/cancel").json()
@@ -189,19 +184,14 @@ def test_with_job_cache_seconds_zero_every_read_sees_the_database(
     get_settings.cache_clear()
     job_id = client.post("/jobs", json=body).json()["id"]
     assert client.get(f"/jobs/{job_id}").json()["step"] == 0
-    _worker_writes(job_id, status=JobStatus.running, step=7)
+    write_job(job_id, status=JobStatus.running, step=7)
     read = client.get(f"/jobs/{job_id}").json()
     assert (read["status"], read["step"]) == ("running", 7)
 
 
 def test_cancel_a_finished_job_is_409(client: TestClient, body: dict[str, Any]) -> None:
     job_id = client.post("/jobs", json=body).json()["id"]
-    with Session(get_engine()) as session:
-        job = session.get(Job, uuid.UUID(job_id))
-        assert job is not None
-        job.status = JobStatus.succeeded
-        session.add(job)
-        session.commit()
+    write_job(job_id, status=JobStatus.succeeded)
     response = client.post(f"/jobs/{job_id}/cancel")
     assert response.status_code == 409 and "already succeeded" in response.json()["detail"]
 
