@@ -117,6 +117,12 @@ def parse_dataset_uri(uri: str, settings: Settings) -> RemoteDataset | None:
     if match is None:
         return None  # a path (absolute or not): the caller's local checks apply
     scheme = match.group(1).lower()
+    if scheme == "https" and (bare := _bare_ipv6_host(uri)) is not None:
+        bracketed = uri.replace(bare, f"[{bare}]", 1)
+        raise DatasetSourceError(
+            f"dataset URI '{shown_uri(uri)}' names the IPv6 address {bare} without brackets: "
+            f"write it as '{shown_uri(bracketed)}'"
+        )
     if "::" in _without_ipv6_literal(uri):
         raise DatasetSourceError(
             f"dataset URI '{shown_uri(uri)}' chains protocols with '::', which is refused: "
@@ -148,6 +154,18 @@ def shown_uri(uri: str) -> str:
     uri = re.sub(r"://[^/?#]*@", "://***@", uri)
     uri = re.sub(r"\?.*$", "?...", uri, flags=re.DOTALL)
     return uri if len(uri) <= 200 else uri[:200] + "..."
+
+
+def _bare_ipv6_host(uri: str) -> str | None:
+    """The host of ``scheme://fd00::1/...``, an IPv6 address written without the brackets a
+    URI needs (RFC 3986), or None."""
+    authority = uri.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+    if authority.startswith("["):
+        return None
+    try:
+        return authority if ipaddress.ip_address(authority).version == 6 else None
+    except ValueError:
+        return None
 
 
 def _without_ipv6_literal(uri: str) -> str:

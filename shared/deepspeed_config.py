@@ -139,6 +139,31 @@ def check_unknown_keys(config: dict[str, Any]) -> None:
             raise DeepSpeedConfigError((key,), f"DeepSpeed does not know the key '{key}': {hint}")
 
 
+def check_switches(config: Mapping[str, Any], loc: tuple[str | int, ...] = ()) -> None:
+    """Every ``enabled`` in a DeepSpeed config is a switch, true or false. Sections DeepSpeed
+    reads without pydantic take any value and fail later with a message that names no field
+    (``flops_profiler.enabled: "yes"`` gives ``unsupported operand type(s) for |``)."""
+    for key, value in config.items():
+        if key == "enabled" and not isinstance(value, bool):
+            shown = ".".join(str(part) for part in (*loc, key))
+            raise DeepSpeedConfigError((*loc, key), f"{shown} must be true or false, not {value!r}")
+        if isinstance(value, Mapping):
+            check_switches(value, (*loc, key))
+
+
+def _named_section(config: Mapping[str, Any], message: str) -> tuple[str | int, ...]:
+    """The place in ``config`` a parser message names in quotes ('nebula',
+    'zero_optimization.mics_shard_size'), else the whole config."""
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            for inner in value:
+                if f"'{key}.{inner}'" in message:
+                    return (key, inner)
+        if f"'{key}'" in message:
+            return (key,)
+    return ()
+
+
 def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> ResolvedBatch:
     """Parse ``config`` as ``deepspeed.initialize`` would on ``world_size`` ranks.
 
@@ -148,6 +173,7 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
 
     _quiet_deepspeed()
     check_unknown_keys(config)
+    check_switches(config)
     try:
         parsed = _config_for_world_size(dict(config), world_size)
     except ValidationError as e:
@@ -166,6 +192,13 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
                 " train_micro_batch_size_per_gpu x gradient_accumulation_steps x num_gpus)"
             )
         raise DeepSpeedConfigError(loc, f"DeepSpeed refused this config: {message}") from None
+    except Exception as e:
+        # DeepSpeed's own DeepSpeedConfigError (a section it removed: nebula, elasticity,
+        # curriculum_learning, ...) or whatever else its parser raises on a config: the
+        # user's config is all it read, so it is the user's to change, not a server error.
+        message = _first_lines(str(e)) or type(e).__name__
+        loc = _named_section(config, message)
+        raise DeepSpeedConfigError(loc, f"DeepSpeed refused this config: {message}") from None
     return ResolvedBatch(
         world_size=world_size,
         train_batch_size=int(parsed.train_batch_size),
@@ -175,6 +208,27 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
         fp16=bool(parsed.float16_config.enabled),
         bf16=bool(parsed.bfloat16_config.enabled),
     )
+
+
+# Sections whose DeepSpeed code imports a package tuneq does not install (DeepSpeed imports it
+# only when the section is enabled, in every rank, after the model has loaded).
+_SECTION_PACKAGES = {"tensorboard": "tensorboard"}
+
+
+def missing_packages(config: Mapping[str, Any]) -> list[DeepSpeedConfigError]:
+    """Enabled sections this installation could not run, each naming the package it lacks."""
+    import importlib.util
+
+    problems = []
+    for section, package in _SECTION_PACKAGES.items():
+        part = config.get(section)
+        if isinstance(part, Mapping) and part.get("enabled") is True and importlib.util.find_spec(package) is None:
+            message = (
+                f"{section}.enabled needs the '{package}' package, which this deployment does not have: "
+                f"install it in the worker image (pip install {package}), or use csv_monitor, or turn {section} off"
+            )
+            problems.append(DeepSpeedConfigError((section, "enabled"), message))
+    return problems
 
 
 def wants_fp16(config: dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from shared.dataset import DatasetFormat
 class LoraOptions(BaseModel):
     """Low-rank adapters (peft): only the adapters train; the base model stays frozen."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     r: int = Field(default=8, ge=1, le=1024, description="Rank of the adapter matrices.")
     alpha: int = Field(default=16, ge=1, description="Scale: the update is multiplied by alpha / r.")
@@ -34,7 +34,7 @@ class LoraOptions(BaseModel):
 class TrainingOptions(BaseModel):
     """Training-loop knobs. Batch sizes, optimizer and precision come from the DeepSpeed config."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset.")
     max_steps: int | None = Field(
@@ -98,7 +98,7 @@ class ResumeFrom(BaseModel):
     DeepSpeed's universal format first).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     job_id: uuid.UUID
     step: int | None = Field(
@@ -109,7 +109,7 @@ class ResumeFrom(BaseModel):
 class JobCreate(BaseModel):
     """Body of ``POST /jobs``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(
         min_length=1,

@@ -15,7 +15,7 @@ from typing import Any
 from shared.dataset import DatasetError, read_records
 from shared.dataset_source import local_path, parse_dataset_uri
 from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
-from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config, wants_fp16
+from shared.deepspeed_config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
 from shared.settings import Settings
 from shared.spec import JobCreate
@@ -165,6 +165,7 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         resolve_deepspeed_config(without_auto(resolved), world_size=job_in.num_gpus)
     except DeepSpeedConfigError as e:
         problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
+    problems += [Problem(("body", "deepspeed_config", *e.loc), e.message) for e in missing_packages(resolved)]
     if wants_fp16(resolved) and hardware.cuda is False:
         problems.append(Problem(("body", "deepspeed_config", "fp16", "enabled"), FP16_NEEDS_CUDA))
     if hardware.max_devices is not None and job_in.num_gpus > hardware.max_devices:

@@ -59,6 +59,11 @@ REFUSED = [
     ("simplecache::s3://bucket/train.jsonl", "chains protocols with '::'"),
     ("zip://train.jsonl::https://data.example.com/a.zip", "chains protocols with '::'"),
     ("s3://bucket/a::b.jsonl", "chains protocols with '::'"),
+    (
+        "https://fd00::1/train.jsonl",
+        "IPv6 address fd00::1 without brackets: write it as 'https://[fd00::1]/train.jsonl'",
+    ),
+    ("https://u:secret@fe80::1/x.jsonl", "write it as 'https://***@[fe80::1]/x.jsonl'"),
     ("simplecache::https://u:secret@data.example.com/x.jsonl", "chains protocols with '::'"),
     ("ftp://u:secret@data.example.com/train.jsonl", "'ftp:' are not supported"),
     ("file://u:secret@evil.example.com/etc/passwd", "names a host ('evil.example.com')"),

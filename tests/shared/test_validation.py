@@ -197,5 +197,19 @@ def test_keys_that_reach_outside_the_run_are_refused_at_submit(
     loc = ("body", "deepspeed_config", "zero_optimization", "offload_optimizer", "nvme_path")
     assert loc in found, found
     # Output paths are not refused: the worker rewrites them under the job's run directory.
-    config = {**seed_config(fp16=False), "tensorboard": {"enabled": True, "output_path": "/etc/evil"}}
+    config = {**seed_config(fp16=False), "csv_monitor": {"enabled": True, "output_path": "/etc/evil"}}
     assert problems(job(model_dir, dataset, deepspeed_config=config), settings) == {}
+
+
+def test_a_section_whose_package_is_not_installed_is_refused_at_submit(
+    model_dir: Path, dataset: Path, settings: Settings
+) -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("tensorboard") is None  # tuneq does not install it
+    config = {**seed_config(fp16=False), "tensorboard": {"enabled": True}}
+    found = problems(job(model_dir, dataset, deepspeed_config=config), settings)
+    message = found[("body", "deepspeed_config", "tensorboard", "enabled")]
+    assert "pip install tensorboard" in message
+    off = {**seed_config(fp16=False), "tensorboard": {"enabled": False}}
+    assert problems(job(model_dir, dataset, deepspeed_config=off), settings) == {}
