@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from shared.job_events import list_events
-from shared.lifecycle import live_since, mark_published, record_event, request_cancel, route_job
+from shared.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
 from shared.models import (
     Checkpoint,
     CheckpointKind,
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 def deployment_hardware(*, session: Session, settings: Settings) -> Hardware:
     """What the workers seen lately offer; unknown (None) when none has been seen."""
-    workers = session.exec(select(Worker).where(col(Worker.last_seen_at) >= live_since(settings))).all()
+    workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
     if not workers:
         return Hardware()
     return Hardware(

@@ -9,7 +9,9 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 
 from api.auth import BodySizeLimit
 from api.jobs_service import JobAnswer
@@ -17,7 +19,7 @@ from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
-from shared.db import init_db
+from shared.db import init_db, is_transient_database_error
 from shared.deepspeed_config import known_top_level_keys
 
 logger = logging.getLogger(__name__)
@@ -46,8 +48,25 @@ async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     shutdown_plan_executor()
 
 
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+async def _database_unavailable(request: Request, error: Exception) -> Response:
+    """A database restart or a network blip is a 503 the client retries, not a 500 (and not a
+    dropped connection); any other database error is still a 500, ours to fix."""
+    if not is_transient_database_error(error):
+        raise error
+    logger.warning("%s %s: the database is unreachable: %s", request.method, request.url.path, error)
+    return JSONResponse(
+        status_code=503,
+        content={"detail": "the database is unreachable for a moment: retry after the Retry-After seconds"},
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
+    app.add_exception_handler(DBAPIError, _database_unavailable)
     app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
     # Per app, not the process-global registry: tests build many apps in one process.
     app.state.metrics_registry, latency = build_registry()

@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.db import get_engine
-from shared.lifecycle import live_since
+from shared.lifecycle import live_since, live_worker
 from shared.models import Job, JobMetric, JobStatus, Worker
 from shared.settings import get_settings
 
@@ -63,7 +63,14 @@ class JobStateCollector(Collector):
                 'Jobs submitted and not yet claimed, by the queue they were published to ("" before any).',
                 labels=["queue"],
             ),
-            "workers": GaugeMetricFamily("tuneq_workers", "Workers seen recently (TUNEQ_WORKER_SEEN_SECONDS)."),
+            "workers": GaugeMetricFamily(
+                "tuneq_workers", "Live workers: seen within TUNEQ_WORKER_SEEN_SECONDS, not stopped, taking jobs."
+            ),
+            "unavailable": GaugeMetricFamily(
+                "tuneq_workers_unavailable",
+                "Workers seen and not stopped that take no job now (a full disk), by worker, with the reason.",
+                labels=["worker", "reason"],
+            ),
             "pace": GaugeMetricFamily(
                 "tuneq_job_steps_per_second", "Optimizer steps per second of each running job.", labels=["job_id"]
             ),
@@ -82,8 +89,17 @@ class JobStateCollector(Collector):
                 for queue, count in waiting:
                     f["queued"].add_metric([queue or ""], count)
                 since = live_since(get_settings())
-                seen = session.exec(select(func.count()).select_from(Worker).where(col(Worker.last_seen_at) >= since))
+                seen = session.exec(select(func.count()).select_from(Worker).where(live_worker(since)))
                 f["workers"].add_metric([], seen.one())
+                unavailable = session.exec(
+                    select(Worker.id, Worker.unavailable).where(
+                        col(Worker.last_seen_at) >= since,
+                        col(Worker.stopped_at).is_(None),
+                        col(Worker.unavailable).is_not(None),
+                    )
+                ).all()
+                for worker_id, reason in unavailable:
+                    f["unavailable"].add_metric([worker_id, reason or ""], 1)
                 running = session.exec(select(Job.id).where(col(Job.status) == JobStatus.running)).all()
                 for job_id in running:
                     rate = _steps_per_second(session, job_id)

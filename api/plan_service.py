@@ -39,17 +39,27 @@ def _plan_executor() -> ProcessPoolExecutor:
         return _executor
 
 
-def _reset_executor() -> None:
+def _reset_executor(*, stop_child: bool = False) -> None:
     global _executor
     with _lock:
         if _executor is not None:
+            # shutdown() alone lets a plan in flight run on, and its child (and the
+            # multiprocessing resource tracker it holds open) outlive the server.
+            children = list(_executor._processes.values()) if stop_child else []
             _executor.shutdown(wait=False, cancel_futures=True)
+            for child in children:
+                child.terminate()
+            for child in children:
+                child.join(timeout=5)
+                if child.is_alive():
+                    child.kill()
+                    child.join()
         _executor = None
 
 
 def shutdown_plan_executor() -> None:
-    """At API shutdown: no child outlives the server."""
-    _reset_executor()
+    """At API shutdown: no child outlives the server, a plan in flight included."""
+    _reset_executor(stop_child=True)
 
 
 def _plan_in_child(job_json: str, deepspeed_config: dict[str, Any], settings_json: str) -> dict[str, Any]:

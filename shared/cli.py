@@ -27,6 +27,7 @@ app = typer.Typer(help="tuneq: fine-tune language models with DeepSpeed, as jobs
 logger = logging.getLogger("tuneq")
 
 STOP_TIMEOUT_SECONDS = 30.0
+API_STOP_GRACE_SECONDS = 10  # then open requests are cancelled and the plan child stopped
 
 
 def _configure_logging() -> None:
@@ -95,7 +96,16 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     _configure_logging()
     _resolve_auth(host)
     _prepare_database()
-    uvicorn.run("api.main:app", host=host, port=port, log_level="info", access_log=False)
+    # On SIGTERM uvicorn waits for open requests; a plan in flight (minutes) or a client that
+    # keeps a stream open must not hold the server past its stop grace.
+    uvicorn.run(
+        "api.main:app",
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=API_STOP_GRACE_SECONDS,
+    )
 
 
 @app.command()

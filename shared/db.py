@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, create_engine
 
@@ -37,6 +38,7 @@ MIGRATION_LOCK_KEY = zlib.crc32(b"tuneq-migrations")
 
 # Connections a process keeps (and uses at most) to a server database.
 POOL_SIZE = 30
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 class DatabaseNotMigrated(RuntimeError):
@@ -65,7 +67,15 @@ def make_engine(url: str) -> Engine:
     # few keeps few; one that had a burst keeps up to 30 idle (was 10): the peak is unchanged.
     # pool_pre_ping: a connection that died while pooled (a database restart) is replaced
     # instead of failing a request or a worker's write.
-    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=0)
+    # connect_timeout: a database host that drops packets fails a connection attempt in
+    # seconds (then retried as a transient error), instead of hanging a request or a worker.
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=POOL_SIZE,
+        max_overflow=0,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
 
 
 @lru_cache
@@ -92,6 +102,15 @@ def _autocommit(engine: Engine) -> Engine:
 def session_scope() -> Iterator[Session]:
     with Session(get_engine(), expire_on_commit=False) as session:
         yield session
+
+
+def is_transient_database_error(error: BaseException) -> bool:
+    """Whether ``error`` says the database is restarting, unreachable or busy (worth retrying,
+    and nobody's mistake) rather than that a statement is wrong. A restart shows up as
+    ``AdminShutdown`` on the connections it ended, ``connection refused`` while it is down."""
+    if isinstance(error, OperationalError | InterfaceError):
+        return True
+    return isinstance(error, DBAPIError) and error.connection_invalidated
 
 
 # ---- migrations ------------------------------------------------------------------------

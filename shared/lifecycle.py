@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, and_, delete, update
 from sqlmodel import Session, col, or_, select
 
 # Imported for its SQLAlchemy listeners: every process that records events here (the API and the
@@ -159,12 +159,15 @@ def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
     raise RuntimeError(f"job {job_id} kept changing while being cancelled")
 
 
-def release_job(*, session: Session, job: Job, reason: str) -> JobStatus | None:
-    """An attempt ended without an outcome (its worker was lost or stopped).
+def release_job(
+    *, session: Session, job: Job, reason: str, code: ErrorCode = ErrorCode.worker_lost
+) -> JobStatus | None:
+    """An attempt ended without an outcome (its worker was lost or stopped, or its host failed
+    it: ``code`` host_error).
 
     A cancelling job becomes cancelled (never restarted); otherwise it is requeued while
-    ``attempts <= max_restarts``, else it fails as ``worker_lost``. The UPDATE matches the
-    attempt seen, so two reconcilers never both act. Returns the new status, or None.
+    ``attempts <= max_restarts``, else it fails with ``code`` and ``reason``. The UPDATE matches
+    the attempt seen, so two reconcilers never both act. Returns the new status, or None.
     """
     if job.status not in ACTIVE:
         return None
@@ -181,7 +184,7 @@ def release_job(*, session: Session, job: Job, reason: str) -> JobStatus | None:
     else:
         target = JobStatus.failed
         values = {
-            "error_code": ErrorCode.worker_lost,
+            "error_code": code,
             "error_message": f"{reason}; gave up after {job.attempts} attempts (max_restarts {job.max_restarts})",
         }
     if target.is_terminal:
@@ -215,7 +218,7 @@ def unpublished_jobs(*, session: Session, older_than: datetime, live_since: date
     ``older_than`` to a queue whose live workers have all sat idle since before then (they
     would have taken the message had the broker still held it) or that no live worker consumes
     any more. A job waiting behind busy workers of its size is left alone."""
-    live_of_its_queue = col(Worker.last_seen_at) >= live_since, col(Worker.queue) == col(Job.queue)
+    live_of_its_queue = live_worker(live_since), col(Worker.queue) == col(Job.queue)
     busy_or_fresh = or_(col(Worker.idle_since).is_(None), col(Worker.idle_since) >= older_than)
     idle_consumer = select(Worker.id).where(*live_of_its_queue, ~busy_or_fresh)
     waiting_consumer = select(Worker.id).where(*live_of_its_queue, busy_or_fresh)
@@ -232,6 +235,12 @@ def live_since(settings: Settings) -> datetime:
     return utcnow() - timedelta(seconds=settings.worker_seen_seconds)
 
 
+def live_worker(since: datetime) -> ColumnElement[bool]:
+    """The ``workers`` rows that count as live: seen since ``since``, not stopped, and taking
+    jobs (not ``unavailable``). Only these are routed to and consume their queue."""
+    return and_(col(Worker.last_seen_at) >= since, col(Worker.stopped_at).is_(None), col(Worker.unavailable).is_(None))
+
+
 def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | None:
     """The queue a job of ``num_gpus`` goes to: that of the smallest live worker size that fits.
 
@@ -240,7 +249,7 @@ def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | N
     """
     sizes = session.exec(
         select(Worker.device_count).where(
-            col(Worker.last_seen_at) >= live_since(settings),
+            live_worker(live_since(settings)),
             col(Worker.device_count) >= num_gpus,
             col(Worker.queue).is_not(None),
         )
@@ -273,8 +282,29 @@ def register_worker(
         worker = Worker(id=worker_id, hostname=hostname, accelerator=accelerator, device_count=device_count)
     worker.accelerator, worker.device_count, worker.queue = accelerator, device_count, queue
     worker.last_seen_at = worker.idle_since = utcnow()
+    worker.stopped_at = worker.unavailable = None
     session.add(worker)
     session.commit()
+
+
+def stop_worker(*, session: Session, worker_id: str) -> None:
+    """A worker that stops says so: it consumes no queue any more, so a job published to it
+    while it waited to exit is republished (and none is held back for it)."""
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(stopped_at=utcnow()))
+    session.commit()
+
+
+def set_worker_unavailable(*, session: Session, worker_id: str, reason: str | None) -> None:
+    """Say why a worker takes no job now (None: it takes jobs again)."""
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(unavailable=reason))
+    session.commit()
+
+
+def prune_workers(*, session: Session, before: datetime) -> int:
+    """Forget workers not seen since ``before`` (stopped, or gone long ago): how many."""
+    result = session.execute(delete(Worker).where(col(Worker.last_seen_at) < before))
+    session.commit()
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def set_worker_idle(*, session: Session, worker_id: str, idle: bool) -> None:

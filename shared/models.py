@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     unsupported_hardware = "unsupported_hardware"  # the job asks for what this worker cannot give
     training_error = "training_error"  # the training processes crashed
     worker_lost = "worker_lost"  # the worker stopped or died while the job ran (retried)
+    host_error = "host_error"  # the host failed the attempt: out of memory, disk full (retried)
     timeout = "timeout"  # training.max_duration_seconds ran out
     cancelled = "cancelled"  # a user cancelled the job
     internal_error = "internal_error"  # tuneq itself failed
@@ -189,6 +190,10 @@ class Worker(SQLModel, table=True):
     last_seen_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
     )
+    # Set when the worker stops cleanly: it consumes no queue from then on, whatever last_seen_at says.
+    stopped_at: datetime | None = _timestamp()
+    # Why the worker takes no job now (its disk is below TUNEQ_MIN_FREE_DISK_MB), or None.
+    unavailable: str | None = Field(default=None, max_length=500)
 
 
 class ApiKey(SQLModel, table=True):

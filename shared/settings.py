@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # Likewise for the look-up of a request's API key: a key revoked with `tuneq keys revoke`
     # gets 401 from every API process within this many seconds; 0: look it up every time.
     key_cache_seconds: float = Field(default=1.0, ge=0)
+    # A worker takes no job while the disk holding TUNEQ_HOME has less free space than this
+    # (checkpoints and exports are written there): it says why in its log, in its `workers`
+    # row and on /metrics, and takes jobs again once space is back. 0: never check.
+    min_free_disk_mb: int = Field(default=2048, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,18 @@ class RunLayout:
     def checkpoint_tag(self, step: int) -> str:
         return f"step-{step:08d}"
 
+    def remove_incomplete_saves(self) -> list[Path]:
+        """Delete what saves that never finished left (a full disk, a killed rank): checkpoint
+        directories without a manifest and half-written exports (``*.partial``). Nothing reads
+        them, and on a full disk they hold the space the next job needs. Only for the worker
+        that owns the job, once its ranks are gone."""
+        manifest = CheckpointManifest.FILENAME
+        incomplete = [d for d in self.checkpoints_dir.glob("step-*") if not (d / manifest).exists()]
+        incomplete += [d for d in self.root.glob("*.partial") if d.is_dir()]
+        for directory in incomplete:
+            shutil.rmtree(directory, ignore_errors=True)
+        return incomplete
+
     def newest_complete_checkpoint(self) -> CheckpointManifest | None:
         """The newest DeepSpeed checkpoint whose manifest was written; half-written ones are skipped."""
         if not self.checkpoints_dir.is_dir():
@@ -74,14 +87,29 @@ class RunLayout:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+    """Write JSON so that readers see the old file or the whole new one, never half of it
+    (and a write that fails, on a full disk, leaves no temporary file behind)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_from(path: Path, offset: int, *, max_bytes: int = 1 << 20) -> str:
+    """The text of ``path`` after byte ``offset`` (its last ``max_bytes`` when there is more)."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        f.seek(max(offset, end - max_bytes))
+        return f.read().decode("utf-8", errors="replace")
 
 
 def tail_lines(path: Path, n: int, *, block: int = 64 * 1024) -> list[str]:

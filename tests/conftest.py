@@ -39,6 +39,22 @@ def clear_caches() -> None:
     get_settings.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def no_leaked_allreduce_buffers() -> Iterator[None]:
+    """Every test leaves /dev/shm as it found it: a job's ranks each create a 66 MB DeepSpeed
+    all-reduce buffer there, which tuneq must remove whatever the job's outcome."""
+    from worker.shm_buffers import BUFFER_PREFIX, SHM_DIR, mapped_paths
+
+    pattern = f"{BUFFER_PREFIX}_{os.getuid()}_*"
+    before = set(SHM_DIR.glob(pattern))
+    yield
+    new = set(SHM_DIR.glob(pattern)) - before
+    if new:  # a job still running in a service shared with later tests maps its own
+        mapped = mapped_paths()
+        leaked = sorted(str(p) for p in new if p.exists() and str(p) not in mapped)
+        assert not leaked, f"this test's jobs left DeepSpeed all-reduce buffers behind: {leaked}"
+
+
 @pytest.fixture
 def tuneq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 import uuid
+from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 
 def fresh_postgres_schema(url: str, *, prefix: str = "t") -> str:
@@ -18,3 +24,80 @@ def fresh_postgres_schema(url: str, *, prefix: str = "t") -> str:
     engine.dispose()
     separator = "&" if "?" in url else "?"
     return f"{url}{separator}options=-csearch_path%3D{schema}"
+
+
+class DatabaseLink:
+    """A TCP relay on loopback between tuneq and a real database, which a test can cut: every
+    open connection is reset and new ones are refused for a while, as during a database
+    restart or a network blip (the database itself, shared by the other tests, stays up)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._cut_until = 0.0
+        self._closed = False
+        threading.Thread(target=self._accept, name="database-link", daemon=True).start()
+
+    def url(self, database_url: str) -> str:
+        """``database_url`` (to the target) through this link."""
+        return make_url(database_url).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
+
+    def cut(self, seconds: float) -> None:
+        """Reset every open connection now and refuse new ones for ``seconds``."""
+        with self._lock:
+            self._cut_until = time.monotonic() + seconds
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            self._open.clear()
+
+    def upstream_ports(self) -> list[int]:
+        """The local ports of the relay's open connections to the database (its ``client_port``)."""
+        ports = []
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):  # one closing as we look
+                    if sock.getpeername() == self.target:
+                        ports.append(sock.getsockname()[1])
+        return ports
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut(0)
+        self._server.close()
+
+    def _accept(self) -> None:
+
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if time.monotonic() < self._cut_until:
+                client.close()  # refused, as a database that is down refuses
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: Any, sink: Any) -> None:
+
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._open.discard(source)
+            self._open.discard(sink)

@@ -85,6 +85,14 @@ class FileTail:
         """Where the next whole line starts: what has been consumed for good."""
         return self._read_to - len(self._partial)
 
+    def mark(self) -> tuple[int, bytes]:
+        """Where reading stands, for :meth:`rewind`."""
+        return self._read_to, self._partial
+
+    def rewind(self, mark: tuple[int, bytes]) -> None:
+        """Read again from ``mark``: what was read since then counts as not read."""
+        self._read_to, self._partial = mark
+
     def read_lines(self) -> list[bytes]:
         if not self.path.exists():
             return []
@@ -124,7 +132,20 @@ class EventIngestor:
         self._now = utcnow()
 
     def poll(self, session: Session) -> int:
-        """Ingest what is new; return the number of training events written."""
+        """Ingest what is new; return the number of training events written. A poll whose
+        transaction fails (the database went away) consumed nothing: the next one reads the
+        same lines again."""
+        saved = (self._events.mark(), self._log.mark() if self._log else None, list(self._pending_log))
+        try:
+            return self._poll(session)
+        except BaseException:  # the caller's session rolls back as it closes
+            events, log, self._pending_log = saved
+            self._events.rewind(events)
+            if self._log is not None and log is not None:
+                self._log.rewind(log)
+            raise
+
+    def _poll(self, session: Session) -> int:
         events: list[TrainingEvent] = []
         for raw in self._events.read_lines():
             if not raw.strip():

@@ -19,6 +19,7 @@ from typing import Protocol
 from shared.ports import free_port
 from shared.settings import Settings
 from worker import warm_start
+from worker.shm_buffers import remove_job_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,18 @@ def rank_environment(hardware: HostHardware, *, num_ranks: int, worker_pid: int)
 
 class RankGroup(Protocol):
     """A job's running ranks, however they were started: ``poll`` is None while they run, then
-    the exit status (0 when every rank exited cleanly); ``stop`` ends them all."""
+    the exit status (0 when every rank exited cleanly); ``stop`` ends them all. Once either
+    has seen every rank gone, the ranks' shared-memory all-reduce buffers are removed
+    (worker.shm_buffers: named by ``master_port``, where the ranks rendezvous), whatever the
+    outcome."""
+
+    @property
+    def master_port(self) -> int: ...
+
+    @property
+    def killed_pids(self) -> frozenset[int]:
+        """The ranks tuneq itself SIGKILLed while they ran (a stop's grace ran out)."""
+        ...
 
     @property
     def returncode(self) -> int | None: ...
@@ -124,15 +136,23 @@ class RankGroup(Protocol):
 class LauncherRanks:
     """DeepSpeed's launcher and the ranks it started, as the one process group it leads."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    # launch.py logs its first failing rank's status before it stops the others, so nothing
+    # tuneq or launch.py kills afterwards is ever taken for the first failure.
+    killed_pids: frozenset[int] = frozenset()
+
+    def __init__(self, process: subprocess.Popen[bytes], *, master_port: int) -> None:
         self.process = process
+        self.master_port = master_port
 
     @property
     def returncode(self) -> int | None:
         return self.process.returncode
 
     def poll(self) -> int | None:
-        return self.process.poll()
+        code = self.process.poll()
+        if code is not None:
+            remove_job_buffers(self.master_port)  # launch.py exits after its ranks
+        return code
 
     def stop(self, *, grace_seconds: float) -> None:
         """SIGTERM the whole group, wait, then SIGKILL whatever is left of it."""
@@ -140,6 +160,7 @@ class LauncherRanks:
             os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
             self.process.wait()
+            remove_job_buffers(self.master_port)
             return
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and self.process.poll() is None:
@@ -147,6 +168,7 @@ class LauncherRanks:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        remove_job_buffers(self.master_port)
 
 
 def launch_ranks(
@@ -177,7 +199,8 @@ def launch_ranks(
                     title=f"tuneq rank {rank}/{num_ranks} -m {TRAIN_MODULE} --spec {spec_path}",
                 )
                 for rank in range(num_ranks)
-            ]
+            ],
+            master_port=master_port,
         )
     cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port)
     logger.info("launching %s", " ".join(cmd))
@@ -191,7 +214,7 @@ def launch_ranks(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return LauncherRanks(process)
+    return LauncherRanks(process, master_port=master_port)
 
 
 def launch_environment(env: dict[str, str], *, rank: int, num_ranks: int, master_port: int) -> dict[str, str]:

@@ -13,12 +13,23 @@ import threading
 from datetime import timedelta
 
 from shared.db import session_scope
-from shared.lifecycle import expired_leases, mark_published, release_job, route_job, unpublished_jobs
+from shared.lifecycle import (
+    expired_leases,
+    mark_published,
+    prune_workers,
+    release_job,
+    route_job,
+    unpublished_jobs,
+)
 from shared.models import JobStatus, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# A worker not seen for this long (stopped, or its host is gone) is forgotten: its row says
+# nothing any more, and `workers` would otherwise grow with every worker restart.
+FORGET_WORKERS_AFTER = timedelta(days=1)
 
 
 def reconcile_once(*, settings: Settings) -> None:
@@ -29,6 +40,8 @@ def reconcile_once(*, settings: Settings) -> None:
             outcome = release_job(session=session, job=job, reason=reason)
             if outcome is not None:
                 logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
+        if prune_workers(session=session, before=now - FORGET_WORKERS_AFTER):
+            logger.info("forgot workers not seen for %s", FORGET_WORKERS_AFTER)
         cutoff = now - timedelta(seconds=settings.republish_after_seconds)
         live_since = now - timedelta(seconds=settings.worker_seen_seconds)
         for job in unpublished_jobs(session=session, older_than=cutoff, live_since=live_since):

@@ -6,6 +6,7 @@ the job row for a cancel; it ends the attempt on a cancel, a timeout, or a lost 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -19,8 +20,8 @@ from typing import Any
 from sqlalchemy import delete
 from sqlmodel import col
 
-from shared.db import session_scope
-from shared.deepspeed_config import wants_fp16
+from shared.db import is_transient_database_error, session_scope
+from shared.deepspeed_config import missing_packages, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
 from shared.events import RankError
 from shared.lifecycle import (
@@ -35,9 +36,10 @@ from shared.lifecycle import (
 from shared.models import Checkpoint, ErrorCode, EventType, Job, JobMetric, JobStatus
 from shared.settings import Settings
 from shared.spec import ResumePoint, TrainingOptions, TrainingSpec
-from shared.storage import RunLayout, tail_lines, write_json_atomic
+from shared.storage import RunLayout, read_from, tail_lines, write_json_atomic
 from shared.validation import FP16_NEEDS_CUDA
 from worker import warm_start
+from worker.disk_space import disk_problem
 from worker.ingest import EventIngestor
 from worker.inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import HostHardware, RankGroup, launch_ranks, settings_environment
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
+DB_RETRY_MAX_SECONDS = 5.0  # the longest wait between polls while the database is unreachable
 OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 OOM_ADVICE = (
     " — the devices ran out of memory: try a higher ZeRO stage (zero_optimization.stage 3), "
@@ -73,15 +76,91 @@ def hardware_problem(*, num_gpus: int, deepspeed_config: dict[str, object], hard
     return None
 
 
-def failure_from_ranks(layout: RunLayout) -> tuple[str, str]:
-    """The first rank error by time, or else the last exception-looking line of the log."""
+# How a rank's exit reaches the job log: the warm start's line, or DeepSpeed's launch.py's
+# (which names only the first failure it saw).
+_RANK_EXIT = re.compile(
+    r"rank (?P<rank>\d+) \(pid (?P<pid>\d+)\) exited with status (?P<code>-?\d+)"
+    r"|--local_rank=(?P<launched>\d+).*exits with return code = (?P<launched_code>-?\d+)"
+)
+
+
+@dataclass(frozen=True)
+class KilledRank:
+    """A rank of an attempt that ended by a signal, as its job log says."""
+
+    rank: int
+    signal: signal.Signals
+
+    def describe(self) -> str:
+        return f"rank {self.rank} was killed by {self.signal.name} (signal {self.signal.value})"
+
+
+def killed_rank(log_text: str, *, killed_by_tuneq: frozenset[int] = frozenset()) -> KilledRank | None:
+    """The rank of an attempt that tells most about its end, when a signal ended one: a rank
+    SIGKILLed by someone other than tuneq (``killed_by_tuneq``: the pids it SIGKILLed itself,
+    stopping the others after a failure) wherever it stands, since the peers of a rank that
+    vanishes fail at once on the broken connection and may be reaped before it; else the
+    first failing rank, if a signal ended it."""
+    first: KilledRank | None = None
+    first_seen = False
+    for match in _RANK_EXIT.finditer(log_text):
+        code = int(match["code"] if match["code"] is not None else match["launched_code"])
+        if code == 0:
+            continue
+        rank = int(match["rank"] if match["rank"] is not None else match["launched"])
+        pid = int(match["pid"]) if match["pid"] is not None else None
+        try:
+            ended = KilledRank(rank, signal.Signals(-code)) if code < 0 else None
+        except ValueError:
+            ended = None
+        if ended is not None and ended.signal == signal.SIGKILL and pid not in killed_by_tuneq:
+            return ended
+        if not first_seen:
+            first, first_seen = ended, True
+    return first
+
+
+# How a write that ran out of disk reads: the OS's ENOSPC, or torch.save's own words for it.
+_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|file write failed", re.IGNORECASE)
+
+
+def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -> str | None:
+    """Why an attempt failed for reasons of its host rather than of the job, or None.
+
+    A rank SIGKILLed while tuneq sent no kill (this path is not a cancel, a timeout or a stop)
+    was killed by the kernel: on a training host, its out-of-memory killer. A write that found
+    the disk full (``message``, the ranks' failure; ``disk``, this worker's check now) is the
+    disk's fault too. Either way the job deserves another host, not a failure."""
+    if killed is not None and killed.signal == signal.SIGKILL:
+        return (
+            f"{killed.describe()}, which tuneq did not send: the host most likely ran out of memory "
+            "(the kernel's OOM killer; see `dmesg` on the worker's host). The job is retried from its "
+            "newest checkpoint; if it fails this way again, give it more host memory or offload less "
+            "to the CPU (zero_optimization.offload_optimizer / offload_param)"
+        )
+    if _DISK_FULL.search(message) and (disk is not None or "No space left" in message or "Errno 28" in message):
+        return (
+            f"the worker's disk filled up while the job wrote to it ({disk or 'No space left on device'}); "
+            "its half-written checkpoint was removed, and the job is retried from its newest checkpoint "
+            "on a worker with room"
+        )
+    return None
+
+
+def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -> tuple[str, str]:
+    """Why the ranks failed: a rank a signal ended (``killed``: its peers' errors, a broken
+    connection, are only the consequence), else the first rank error by time, else the last
+    exception-looking line of the log."""
     errors = []
     for path in sorted(layout.errors_dir.glob("rank-*.json")):
         try:
             errors.append(RankError.model_validate_json(path.read_text(encoding="utf-8")))
         except ValueError:
             continue
-    if errors:
+    code: str
+    if killed is not None:
+        code, message = ErrorCode.training_error, f"{killed.describe()} (full log: {layout.log})"
+    elif errors:
         first = min(errors, key=lambda e: e.time)
         code, message = first.code, first.message
     else:
@@ -96,11 +175,11 @@ def failure_from_ranks(layout: RunLayout) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Ending:
-    """Why the worker ends an attempt whose ranks are still running."""
+    """How an attempt ends: its ranks exited, or the worker stopped them (cancel, timeout)."""
 
-    status: JobStatus
-    code: ErrorCode
-    message: str
+    status: JobStatus  # queued: the host failed the attempt, and the job goes back to the queue
+    code: ErrorCode | None  # None: succeeded
+    message: str | None
 
 
 class AttemptEnded(Exception):
@@ -227,6 +306,7 @@ def prepare_attempt(
     layout.root.mkdir(parents=True, exist_ok=True)
     for stale in layout.errors_dir.glob("rank-*.json"):
         stale.unlink()  # a lost attempt's errors say nothing about this one
+    layout.remove_incomplete_saves()  # what a lost attempt's ranks were writing when they died
     resume = take_over(job, layout) if job.attempts > 1 else None
     start = None
     if resume is None and job.resume_from is not None:
@@ -268,7 +348,10 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         config, unsafe = sanitize_deepspeed_config(
             job.resolved_deepspeed_config or job.deepspeed_config, run_dir=str(layout.root)
         )
-        code, problem = ErrorCode.invalid_input, "; ".join(u.message for u in unsafe)
+        # The API checked these in its own environment; this worker's image may differ.
+        missing = missing_packages(config)
+        code = ErrorCode.invalid_input
+        problem = "; ".join([u.message for u in unsafe] + [m.message for m in missing])
         if not problem:
             code = ErrorCode.unsupported_hardware
             problem = hardware_problem(num_gpus=job.num_gpus, deepspeed_config=config, hardware=hardware) or ""
@@ -299,7 +382,12 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         except WorkerStopping:
             _release(job.id, job.attempts, reason="the worker running this job was stopped")
             raise SystemExit(0) from None
-        except Exception:
+        except Exception as e:
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                reason = f"the worker's disk is full ({disk_problem(settings) or e}): the job goes to another worker"
+                logger.warning("job %s: %s", job.id, reason)
+                _release(job.id, job.attempts, reason=reason, code=ErrorCode.host_error)
+                return
             logger.exception("job %s: preparing its inputs failed", job.id)
             message = (
                 "the job's inputs could not be prepared (a dataset download or a checkpoint conversion failed); "
@@ -317,6 +405,43 @@ def _finish(job_id: uuid.UUID, status: JobStatus, code: ErrorCode, message: str)
         finish_job(session=session, job_id=job_id, status=status, error_code=code, error_message=message)
 
 
+class DatabaseOutage:
+    """A run of polls that found the database unreachable (a restart, a network blip): they
+    are retried with backoff while the ranks keep training. The attempt ends only once the
+    lease has run out meanwhile: by then the reconciler may have given the job to another
+    worker, so this one stops its ranks and records nothing (the job is requeued as a lost
+    worker's, never failed for it)."""
+
+    def __init__(self, *, job_id: uuid.UUID, lease: LeaseKeeper) -> None:
+        self.job_id, self.lease = job_id, lease
+        self.since: float | None = None
+        self.delay = POLL_SECONDS
+
+    def failed(self, error: Exception) -> bool:
+        """Note a failed poll and wait before the next; False once the lease has run out."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            logger.warning("job %s: the database is unreachable (%s); retrying as the ranks train", self.job_id, error)
+        if now - self.lease.last_renewal > self.lease.ttl:
+            logger.error(
+                "job %s: the database was unreachable for %.0fs, past the job's lease (%ds): stopping its "
+                "ranks; the job is requeued and resumes from its newest checkpoint",
+                self.job_id,
+                now - self.since,
+                self.lease.ttl,
+            )
+            return False
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, DB_RETRY_MAX_SECONDS)
+        return True
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            logger.info("job %s: the database is back after %.1fs", self.job_id, time.monotonic() - self.since)
+        self.since, self.delay = None, POLL_SECONDS
+
+
 def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, lease: LeaseKeeper) -> None:
     job_id, layout = attempt.job_id, attempt.layout
     logger.info(
@@ -329,6 +454,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
     ingestor = EventIngestor(
         events_path=layout.events(attempt.number), log_path=layout.log, job_id=job_id, log_offset=attempt.log_offset
     )
+    outage = DatabaseOutage(job_id=job_id, lease=lease)
     process: RankGroup | None = None
     try:
         process = launch_ranks(
@@ -341,50 +467,56 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
             warm=settings.launcher == "warm",
         )
         started = time.monotonic()
-        with session_scope() as session:
-            while process.poll() is None:
-                ingestor.poll(session)
-                status = lease.status(session)
-                if status is None:
-                    logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
-                    process.stop(grace_seconds=0)
-                    return
-                ending = None
-                if status == JobStatus.cancelling:
-                    ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
-                    grace = settings.cancel_grace_seconds
-                limit = attempt.max_duration_seconds
-                if ending is None and limit is not None and time.monotonic() - started > limit:
-                    message = f"the job ran longer than training.max_duration_seconds ({limit}s)"
-                    ending, grace = Ending(JobStatus.failed, ErrorCode.timeout, message), STOP_GRACE_SECONDS
-                if ending is not None:
-                    logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
-                    process.stop(grace_seconds=grace)
-                    ingestor.poll(session)  # what rank 0 wrote while it finished its step
-                    finish_job(
-                        session=session,
-                        job_id=job_id,
-                        status=ending.status,
-                        error_code=ending.code,
-                        error_message=ending.message,
-                    )
-                    return
-                time.sleep(POLL_SECONDS)
-            ingestor.poll(session)
+        log_start = layout.log.stat().st_size if layout.log.exists() else 0  # where this attempt's lines begin
+        ending: Ending | None = None
+        # One session per poll: a pooled connection a database restart killed is replaced at
+        # the next checkout (pool_pre_ping) instead of failing every poll after it.
+        while ending is None and process.poll() is None:
+            try:
+                with session_scope() as session:
+                    ingestor.poll(session)
+                    status = lease.status(session)
+            except Exception as e:
+                if not is_transient_database_error(e):
+                    raise
+                if outage.failed(e):
+                    continue
+                process.stop(grace_seconds=0)
+                return
+            outage.recovered()
+            if status is None:
+                logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
+                process.stop(grace_seconds=0)
+                return
+            if status == JobStatus.cancelling:
+                ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
+                logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
+                process.stop(grace_seconds=settings.cancel_grace_seconds)
+                break
+            limit = attempt.max_duration_seconds
+            if limit is not None and time.monotonic() - started > limit:
+                message = f"the job ran longer than training.max_duration_seconds ({limit}s)"
+                ending = Ending(JobStatus.failed, ErrorCode.timeout, message)
+                logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
+                process.stop(grace_seconds=STOP_GRACE_SECONDS)
+                break
+            time.sleep(POLL_SECONDS)
+        if ending is None:
             if process.returncode == 0:
-                finish_job(session=session, job_id=job_id, status=JobStatus.succeeded, attempt=attempt.number)
-                logger.info("job %s succeeded", job_id)
+                ending = Ending(JobStatus.succeeded, None, None)
             else:
-                code, message = failure_from_ranks(layout)
-                finish_job(
-                    session=session,
-                    job_id=job_id,
-                    status=JobStatus.failed,
-                    error_code=code,
-                    error_message=message,
-                    attempt=attempt.number,
-                )
-                logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
+                killed = killed_rank(read_from(layout.log, log_start), killed_by_tuneq=process.killed_pids)
+                code, message = failure_from_ranks(layout, killed=killed)
+                disk = disk_problem(settings)  # before the cleanup below frees what the save took
+                if (host_problem := host_failure(killed=killed, message=message, disk=disk)) is not None:
+                    ending = Ending(JobStatus.queued, ErrorCode.host_error, host_problem)
+                    logger.warning("job %s attempt %d: %s", job_id, attempt.number, host_problem)
+                else:
+                    ending = Ending(JobStatus.failed, ErrorCode(code), message)
+                    logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
+        for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
+            logger.info("job %s: removed %s, a save that never finished", job_id, removed)
+        _record_outcome(attempt, ingestor, ending, outage)
     except WorkerStopping:
         logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
         if process is not None:
@@ -405,8 +537,39 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
             )
 
 
-def _release(job_id: uuid.UUID, number: int, *, reason: str) -> None:
+def _record_outcome(attempt: Attempt, ingestor: EventIngestor, ending: Ending, outage: DatabaseOutage) -> None:
+    """What the ranks wrote last (the final step's metrics, the export's checkpoint), then the
+    attempt's outcome, in one transaction; retried like a poll while the database is away. An
+    attempt its host failed (``queued``) goes back to the queue for any worker to resume."""
+    while True:
+        try:
+            with session_scope() as session:
+                ingestor.poll(session)
+                if ending.status == JobStatus.queued:  # (the poll committed what it ingested)
+                    _release(attempt.job_id, attempt.number, reason=ending.message or "", code=ErrorCode.host_error)
+                    return
+                finish_job(
+                    session=session,
+                    job_id=attempt.job_id,
+                    status=ending.status,
+                    error_code=ending.code,
+                    error_message=ending.message,
+                    attempt=attempt.number,
+                )
+        except Exception as e:
+            if not is_transient_database_error(e):
+                raise
+            if outage.failed(e):
+                continue
+            return  # the lease ran out: the reconciler requeues the job
+        outage.recovered()
+        if ending.status == JobStatus.succeeded:
+            logger.info("job %s succeeded", attempt.job_id)
+        return
+
+
+def _release(job_id: uuid.UUID, number: int, *, reason: str, code: ErrorCode = ErrorCode.worker_lost) -> None:
     with session_scope() as session:
         job = session.get(Job, job_id, populate_existing=True)
         if job is not None and job.attempts == number and job.status in (JobStatus.running, JobStatus.cancelling):
-            release_job(session=session, job=job, reason=reason)
+            release_job(session=session, job=job, reason=reason, code=code)

@@ -6,27 +6,42 @@ Run with ``tuneq worker`` (``celery -A worker.tasks worker``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
+import psutil
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from shared.db import init_db, session_scope
-from shared.lifecycle import mark_unpublished, register_worker, set_worker_idle, touch_worker
+from shared.lifecycle import (
+    mark_unpublished,
+    register_worker,
+    set_worker_idle,
+    set_worker_unavailable,
+    stop_worker,
+    touch_worker,
+)
 from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery, size_queue
 from shared.settings import get_settings
+from worker.disk_space import disk_problem
 from worker.launcher import HostHardware, detect_hardware, start_warm_start
 from worker.reconciler import run_reconciler
 from worker.runner import run_job
+from worker.shm_buffers import remove_stale_buffers
 
 logger = logging.getLogger(__name__)
 
 celery_app = get_celery()
 HEARTBEAT_SECONDS = 30.0
+# A stopping worker stops its ranks (10 s of grace) and releases its job; past this it is killed.
+WORKER_STOP_DEADLINE_SECONDS = 60
 
 # Filled in the worker's main process before the pool forks, inherited by the children.
 _hardware: HostHardware | None = None
@@ -40,8 +55,28 @@ def _heartbeat(stop: threading.Event) -> None:
         try:
             with session_scope() as session:
                 touch_worker(session=session, worker_id=_worker_id)
+            check_disk()
         except Exception:
             logger.exception("worker heartbeat failed")
+
+
+_unavailable: str | None = None  # what this process last said in the worker's row
+
+
+def check_disk() -> str | None:
+    """Whether this worker's disk is too full to take a job, said in its log and its row (where
+    routing, republishing and /metrics read it) whenever that changes."""
+    global _unavailable
+    problem = disk_problem(get_settings())
+    if problem != _unavailable:
+        with session_scope() as session:
+            set_worker_unavailable(session=session, worker_id=_worker_id, reason=problem)
+        if problem is not None:
+            logger.warning("worker %s takes no jobs: %s", _worker_id, problem)
+        else:
+            logger.info("worker %s takes jobs again: its disk has room", _worker_id)
+        _unavailable = problem
+    return problem
 
 
 @worker_ready.connect
@@ -57,17 +92,40 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             queue=size_queue(get_settings(), hardware.device_count),
         )
     logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
+    check_disk()
     threading.Thread(target=_heartbeat, args=(_stopping,), name="heartbeat", daemon=True).start()
     threading.Thread(
         target=run_reconciler, kwargs={"settings": get_settings(), "stop": _stopping}, name="reconciler", daemon=True
     ).start()
 
 
+def _exit_by_deadline() -> None:
+    """The last word on a worker's stop: Celery's warm shutdown waits for its pool child, and
+    a child that died mid start-up (its warm start on a broken pipe) was seen to leave the main
+    process waiting forever, deaf to SIGTERM. Past the deadline the worker kills its
+    descendants (the pool child, the warm start, any ranks left) and then itself."""
+    time.sleep(WORKER_STOP_DEADLINE_SECONDS)
+    logger.error("worker %s did not stop within %ds; killing its processes", _worker_id, WORKER_STOP_DEADLINE_SECONDS)
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 @worker_shutting_down.connect
 def _on_shutting_down(**_kwargs: Any) -> None:
+    if not _stopping.is_set():
+        threading.Thread(target=_exit_by_deadline, name="stop-deadline", daemon=True).start()
     # A job this worker released on its way down must go to another worker (or to this one
     # after a restart), not back into a pool child Celery forks while it waits to exit.
     _stopping.set()
+    # And the others must know now, not when the heartbeat ages out: a stopped worker that
+    # still looked live and idle made every reconciler republish its queue's waiting jobs.
+    try:
+        with session_scope() as session:
+            stop_worker(session=session, worker_id=_worker_id)
+    except Exception:
+        logger.exception("could not mark worker %s stopped; it ages out after TUNEQ_WORKER_SEEN_SECONDS", _worker_id)
 
 
 @worker_process_init.connect
@@ -93,6 +151,7 @@ def prepare_worker() -> str:
     """What ``tuneq worker`` does before Celery starts: tables, directories, hardware, and
     its size's queue (declared before it registers, so nobody publishes there before): its name."""
     init_db()
+    remove_stale_buffers()  # those of jobs whose worker was killed before it could remove them
     queue = size_queue(get_settings(), current_hardware().device_count)
     declare_embedded_queue(queue)
     return queue
@@ -100,9 +159,10 @@ def prepare_worker() -> str:
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job_task(job_id: str) -> None:
-    if _stopping.is_set():
+    if _stopping.is_set() or check_disk() is not None:
+        # Not claimed: a reconciler publishes it again, to a live worker (this one is not, now).
         with session_scope() as session:
-            mark_unpublished(session=session, job_id=uuid.UUID(job_id))  # a reconciler publishes it again
+            mark_unpublished(session=session, job_id=uuid.UUID(job_id))
         return
     with session_scope() as session:
         set_worker_idle(session=session, worker_id=_worker_id, idle=False)

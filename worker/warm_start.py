@@ -42,6 +42,7 @@ from typing import IO, Any
 import setproctitle
 
 from worker.deepspeed_ops import preload_ops
+from worker.shm_buffers import remove_job_buffers
 from worker.train import process_running
 
 logger = logging.getLogger(__name__)
@@ -122,9 +123,9 @@ class WarmStart:
             return False
         return not self._gone
 
-    def fork(self, starts: list[RankStart]) -> ForkedRanks:
-        """Fork one rank per ``RankStart``."""
-        ranks = ForkedRanks(self)
+    def fork(self, starts: list[RankStart], *, master_port: int) -> ForkedRanks:
+        """Fork one rank per ``RankStart``; ``master_port`` is the one in their environment."""
+        ranks = ForkedRanks(self, master_port=master_port)
         try:
             for start in starts:
                 ranks.pids.append(self._fork_one(start))
@@ -199,8 +200,10 @@ class ForkedRanks:
     None while they run, 0 once all exited cleanly, and the first failure's exit status after
     stopping the rest (as DeepSpeed's ``launch.py`` does when a rank dies)."""
 
-    def __init__(self, warm: WarmStart) -> None:
+    def __init__(self, warm: WarmStart, *, master_port: int) -> None:
         self.warm = warm
+        self.master_port = master_port
+        self.killed_pids: frozenset[int] = frozenset()
         self.pids: list[int] = []
         self._returncode: int | None = None
 
@@ -213,9 +216,12 @@ class ForkedRanks:
             codes = [self.warm.exit_code(pid) for pid in self.pids]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
+                # The first failure is the job's: stopping the others gives them -15 too.
+                self._returncode = failed[0]
                 self.stop(grace_seconds=FAILED_RANK_GRACE_SECONDS)
             elif all(c == 0 for c in codes):
                 self._returncode = 0
+                remove_job_buffers(self.master_port)
         return self._returncode
 
     def stop(self, *, grace_seconds: float) -> None:
@@ -224,6 +230,7 @@ class ForkedRanks:
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and self._running():
             time.sleep(0.2)
+        self.killed_pids |= {pid for pid in self.pids if self.warm.exit_code(pid) is None}
         self._signal(signal.SIGKILL)
         deadline = time.monotonic() + KILLED_REAP_SECONDS
         while time.monotonic() < deadline and self._running():
@@ -232,6 +239,7 @@ class ForkedRanks:
         if self._returncode is None:
             failed = [c for c in codes if c not in (None, 0)]
             self._returncode = failed[0] if failed else 0
+        remove_job_buffers(self.master_port)
 
     def _running(self) -> bool:
         return any(self.warm.exit_code(pid) is None for pid in self.pids)

@@ -75,7 +75,8 @@ class Tuneq:
         )
         return created.stdout.strip()
 
-    def start(self, *, timeout: float = 120, workers: int = 1, ready: str = "/readyz") -> Tuneq:
+    def launch(self, *, workers: int = 1) -> Tuneq:
+        """Start the processes without waiting for them to be ready."""
         self.home.mkdir(parents=True, exist_ok=True)
         if not self.env.get("TUNEQ_DATABASE_URL", "sqlite").startswith("sqlite"):
             self.migrate()  # only the embedded default migrates itself
@@ -85,6 +86,10 @@ class Tuneq:
                 self.start_worker()
         else:
             self._spawn("dev", "--port", str(self.port))
+        return self
+
+    def start(self, *, timeout: float = 120, workers: int = 1, ready: str = "/readyz") -> Tuneq:
+        self.launch(workers=workers)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
@@ -137,7 +142,7 @@ class Tuneq:
         return dict(response.json())
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return dict(self.client.get(f"/jobs/{job_id}").raise_for_status().json())
+        return dict(self.get(f"/jobs/{job_id}"))
 
     def wait(self, job_id: str, *, timeout: float = 600, until: set[str] = TERMINAL) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -149,8 +154,15 @@ class Tuneq:
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still {self.job(job_id)['status']}:\n{self.log_tail()}")
 
-    def get(self, path: str) -> Any:
-        return self.client.get(path).raise_for_status().json()
+    def get(self, path: str, *, unavailable_for: float = 60) -> Any:
+        """GET as a client should: a 503 (the database is away a moment) is retried after its
+        Retry-After, for up to ``unavailable_for`` seconds."""
+        deadline = time.monotonic() + unavailable_for
+        response = self.client.get(path)
+        while response.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(min(float(response.headers.get("Retry-After", 1)), 1.0))
+            response = self.client.get(path)
+        return response.raise_for_status().json()
 
     def stop(self, *, timeout: float = 60) -> None:
         for p in self.processes:

@@ -16,12 +16,14 @@ from shared.lifecycle import (
     finish_job,
     mark_published,
     mark_unpublished,
+    prune_workers,
     register_worker,
     release_job,
     renew_lease,
     request_cancel,
     route_job,
     set_worker_idle,
+    stop_worker,
     unpublished_jobs,
 )
 from shared.models import Job, JobEvent, JobStatus, Worker, utcnow
@@ -154,6 +156,44 @@ def test_a_job_whose_queue_lost_its_workers_is_published_again(database_url: str
         # The 1-GPU worker is no longer seen: the message waits in a queue nobody consumes.
         later = utcnow() + timedelta(seconds=5)
         assert [j.id for j in unpublished_jobs(session=s, older_than=later, live_since=later)] == [job.id]
+
+
+def test_a_stopped_worker_does_not_make_its_queues_waiting_jobs_look_lost(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The republish storm: one worker of a queue stopped while another was busy with it. The
+    stopped one still looked live and idle, so every waiting job of the queue looked lost."""
+    monkeypatch.setenv("TUNEQ_QUEUE", "tq")
+    get_settings.cache_clear()
+    settings = get_settings()
+    waiting = new_job()
+    with session() as s:
+        for worker_id in ("stopping", "busy"):
+            register_worker(
+                session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu"
+            )
+        set_worker_idle(session=s, worker_id="busy", idle=False)
+        mark_published(session=s, job_id=waiting.id, queue="tq-1gpu")
+        soon, long_ago = utcnow() + timedelta(seconds=1), utcnow() - timedelta(days=1)
+        stop_worker(session=s, worker_id="stopping")
+        assert unpublished_jobs(session=s, older_than=soon, live_since=long_ago) == []  # it waits for "busy"
+        # Nor is a stopped worker's size routed to, or counted by the API's hardware checks.
+        stop_worker(session=s, worker_id="busy")
+        assert route_job(session=s, settings=settings, num_gpus=1) is None
+        assert [j.id for j in unpublished_jobs(session=s, older_than=soon, live_since=long_ago)] == [waiting.id]
+        # A stopped worker that starts again is live again.
+        register_worker(session=s, worker_id="busy", hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu")
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-1gpu"
+
+
+def test_workers_not_seen_for_long_are_forgotten(database_url: str) -> None:
+    with session() as s:
+        for worker_id in ("old", "recent"):
+            register_worker(session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="q")
+        s.execute(update(Worker).where(col(Worker.id) == "old").values(last_seen_at=utcnow() - timedelta(days=2)))
+        s.commit()
+        assert prune_workers(session=s, before=utcnow() - timedelta(days=1)) == 1
+        assert [w.id for w in s.exec(select(Worker)).all()] == ["recent"]
 
 
 def test_a_job_goes_to_the_smallest_live_worker_size_that_fits(

@@ -41,3 +41,33 @@ def test_run_layout(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "runs" / "abc")
     assert layout.spec.name == "spec.json"
     assert layout.checkpoint_tag(7) == "step-00000007"
+
+
+def test_a_failed_atomic_write_leaves_neither_file_nor_temporary(tmp_path: Path) -> None:
+    import pytest
+
+    circular: dict[str, object] = {}
+    circular["self"] = circular  # json.dump fails half way through, as a full disk would
+    with pytest.raises(ValueError):
+        write_json_atomic(tmp_path / "spec.json", circular)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_incomplete_saves_are_removed_and_complete_ones_kept(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    complete = layout.checkpoints_dir / layout.checkpoint_tag(5)
+    torn = layout.checkpoints_dir / layout.checkpoint_tag(10)  # a save the disk filled up under
+    for directory in (complete, torn, layout.model_dir.with_name("model.partial"), layout.model_dir):
+        directory.mkdir(parents=True)
+        (directory / "weights.pt").write_bytes(b"x" * 10)
+    CheckpointManifest.describe(
+        complete, step=5, tag=complete.name, kind="deepspeed", world_size=1, created_at="t"
+    ).write(complete)
+    CheckpointManifest.describe(
+        layout.model_dir, step=10, tag="model", kind="model", world_size=1, created_at="t"
+    ).write(layout.model_dir)
+    removed = layout.remove_incomplete_saves()
+    assert sorted(p.name for p in removed) == ["model.partial", "step-00000010"]
+    assert complete.is_dir() and layout.model_dir.is_dir() and not torn.exists()
+    assert layout.newest_complete_checkpoint() is not None
+    assert layout.remove_incomplete_saves() == []

@@ -12,7 +12,7 @@ from shared.samples import seed_config
 from shared.settings import get_settings
 from shared.storage import RunLayout
 from worker.launcher import HostHardware, deepspeed_arch_list, launch_command, rank_environment
-from worker.runner import failure_from_ranks, hardware_problem, run_job
+from worker.runner import failure_from_ranks, hardware_problem, host_failure, killed_rank, run_job
 
 
 def test_hardware_problems() -> None:
@@ -53,6 +53,44 @@ def test_failure_message_falls_back_to_the_log(tmp_path: Path) -> None:
     layout.log.write_text("starting\nRuntimeError: CUDA out of memory\nexiting\n")
     code, message = failure_from_ranks(layout)
     assert code == "training_error" and message.startswith("RuntimeError: CUDA out of memory")
+
+
+WARM_EXITS = (
+    "step 3\n"
+    "tuneq warm start: rank 1 (pid 4242) exited with status -9\n"
+    "tuneq warm start: rank 0 (pid 4241) exited with status -15\n"
+)
+LAUNCHER_EXIT = (
+    "[launch.py:259:sigkill_handler] ['/venv/bin/python', '-u', '-m', 'worker.train', '--local_rank=1', "
+    "'--spec', '/runs/x/spec.json'] exits with return code = -9\n"
+)
+
+
+@pytest.mark.parametrize("log", [WARM_EXITS, LAUNCHER_EXIT], ids=["warm-start", "deepspeed-launcher"])
+def test_a_rank_the_kernel_killed_is_a_host_failure_naming_the_signal(tmp_path: Path, log: str) -> None:
+    killed = killed_rank(log)
+    assert killed is not None and killed.rank == 1 and killed.signal.name == "SIGKILL"
+    reason = host_failure(killed=killed, message="RuntimeError: Connection closed by peer", disk=None) or ""
+    assert "rank 1 was killed by SIGKILL (signal 9)" in reason and "ran out of memory" in reason
+    # The other ranks' errors (a peer closed the connection) do not hide it either way.
+    layout = RunLayout(tmp_path)
+    layout.log.write_text(log)
+    code, message = failure_from_ranks(layout, killed=killed)
+    assert code == "training_error" and message.startswith("rank 1 was killed by SIGKILL")
+
+
+def test_other_rank_exits_are_not_host_failures() -> None:
+    segfault = killed_rank("tuneq warm start: rank 0 (pid 7) exited with status -11\n")
+    assert segfault is not None and segfault.describe() == "rank 0 was killed by SIGSEGV (signal 11)"
+    # A crash in the job's code or a library is the job's failure.
+    assert host_failure(killed=segfault, message="rank 0 was killed by SIGSEGV", disk=None) is None
+    stopped_after_a_failure = "rank 0 (pid 7) exited with status 1\nrank 1 (pid 8) exited with status -9\n"
+    assert killed_rank(stopped_after_a_failure, killed_by_tuneq=frozenset({8})) is None  # tuneq's own SIGKILL
+    # A rank the kernel killed is the cause even when its peer, failing on the broken
+    # connection, was reaped first.
+    reaped_first = killed_rank(stopped_after_a_failure)
+    assert reaped_first is not None and reaped_first.rank == 1 and reaped_first.signal.name == "SIGKILL"
+    assert killed_rank("rank 0 (pid 7) exited with status 0\n") is None
 
 
 def test_launch_command_is_deepspeeds_launcher(tmp_path: Path) -> None:
@@ -157,3 +195,29 @@ def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url
     written = json.loads(layout.spec.read_text())["deepspeed_config"]
     assert written["tensorboard"]["output_path"].startswith(str(layout.root))
     assert attempt.spec.resume_from is None and attempt.number == 1
+
+
+def test_a_write_that_found_the_disk_full_is_a_host_failure() -> None:
+    enospc = "OSError: [Errno 28] No space left on device: '/runs/x/checkpoints/step-00000040/mp_rank_00.pt'"
+    reason = host_failure(killed=None, message=enospc, disk=None) or ""
+    assert "disk filled up" in reason and "No space left on device" in reason
+    # torch.save's words for it say nothing of the disk: the worker's own check does.
+    torch_save = "RuntimeError: PytorchStreamWriter failed writing file data/3: file write failed"
+    full = "the disk holding TUNEQ_HOME (/h) has 12 MB free, under TUNEQ_MIN_FREE_DISK_MB (2048)"
+    assert full in (host_failure(killed=None, message=torch_save, disk=full) or "")
+    assert host_failure(killed=None, message=torch_save, disk=None) is None
+    assert host_failure(killed=None, message="ValueError: bad config", disk=full) is None
+
+
+def test_the_disk_check_follows_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.disk_space import disk_problem
+
+    monkeypatch.setenv("TUNEQ_HOME", str(tmp_path))
+    monkeypatch.setenv("TUNEQ_MIN_FREE_DISK_MB", str(10**12))  # more than any disk has
+    get_settings.cache_clear()
+    problem = disk_problem(get_settings()) or ""
+    assert str(tmp_path) in problem and "TUNEQ_MIN_FREE_DISK_MB" in problem
+    monkeypatch.setenv("TUNEQ_MIN_FREE_DISK_MB", "0")
+    get_settings.cache_clear()
+    assert disk_problem(get_settings()) is None
+    get_settings.cache_clear()

@@ -39,7 +39,7 @@ def start(tmp_path: Path, *, rank: int, spec: Path) -> warm_start.RankStart:
 
 def test_forked_ranks_run_train_and_their_failure_is_the_jobs(zygote: warm_start.WarmStart, tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"  # missing: worker.train fails on it at once, on every rank
-    ranks = zygote.fork([start(tmp_path, rank=0, spec=spec), start(tmp_path, rank=1, spec=spec)])
+    ranks = zygote.fork([start(tmp_path, rank=0, spec=spec), start(tmp_path, rank=1, spec=spec)], master_port=29999)
     assert len(set(ranks.pids)) == 2
     while ranks.poll() is None:
         pass
@@ -54,7 +54,7 @@ def test_stop_kills_a_rank_that_ignores_sigterm(zygote: warm_start.WarmStart, tm
     # A rank stuck before its SIGTERM handler matters: stop() must still end it within the grace.
     fifo = tmp_path / "spec.json"
     os.mkfifo(fifo)  # reading the spec blocks until a writer comes, which never does
-    ranks = zygote.fork([start(tmp_path, rank=0, spec=fifo)])
+    ranks = zygote.fork([start(tmp_path, rank=0, spec=fifo)], master_port=29999)
     ranks.stop(grace_seconds=0.5)
     assert ranks.returncode is not None and ranks.returncode < 0  # killed by a signal
     assert zygote.exit_code(ranks.pids[0]) == ranks.returncode
