@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.tuneq-installed
 # `no` where DeepSpeed was built with its ops compiled in (DS_BUILD_*, as Dockerfile.gpu does).
 BUILD_OPS ?= yes
 
-.PHONY: install demo test test-fast lint format clean bench
+.PHONY: install demo test test-fast lint format clean bench soak
 
 install: $(STAMP)
 
@@ -29,6 +29,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# A few hundred tiny jobs while Postgres and Redis restart and a worker stops (tests/soak.py):
+# every job run once, no 5xx but 503 + Retry-After, nothing left in /dev/shm or the process
+# table. Not in `make test`: it restarts this machine's Postgres and Redis. SOAK_ARGS="--jobs 60".
+soak: install
+	$(PY) -m tests.soak $(SOAK_ARGS)
 
 # Benchmarks (BENCHMARKS.md): writes benchmarks/results/<date>.json, prints the table.
 # BENCH_ARGS="--only B4,B5 --repeats 5" picks benchmarks and repeats.
