@@ -168,7 +168,7 @@ def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     _configure_logging()
     _resolve_auth(host)  # refuse here, before starting anything; `serve` settles it again
     _prepare_database()  # once, before the two processes start (they would take turns anyway)
-    me = [sys.executable, "-m", "shared.cli"]
+    me = [sys.executable, "-P", "-m", "shared.cli"]  # -P: see main()
     children = [
         subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),
         subprocess.Popen([*me, "worker"], start_new_session=True),
@@ -301,6 +301,10 @@ register_client_commands(app)
 
 
 def main() -> None:
+    # Every process tuneq starts (`python -m` children, the warm start, DeepSpeed's launcher and
+    # ranks, probes) would otherwise put its working directory first on sys.path, where a
+    # user's own shared/, api/ or worker/ folder shadows tuneq's packages (Python 3.11+).
+    os.environ["PYTHONSAFEPATH"] = "1"
     app()
 
 

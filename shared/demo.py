@@ -75,7 +75,9 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
     dataset = write_text_dataset(data / "train.jsonl", records=128)
     port = port or free_port()
     echo(f"starting tuneq dev on port {port}")
-    dev = subprocess.Popen([sys.executable, "-m", "shared.cli", "dev", "--port", str(port)], start_new_session=True)
+    dev = subprocess.Popen(
+        [sys.executable, "-P", "-m", "shared.cli", "dev", "--port", str(port)], start_new_session=True
+    )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             wait_until_healthy(client)

@@ -22,8 +22,13 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 class Tuneq:
     """``tuneq dev``, or ``tuneq serve`` plus ``tuneq worker``, as child processes."""
 
-    def __init__(self, *, home: Path, env: dict[str, str] | None = None, split: bool = False) -> None:
+    def __init__(
+        self, *, home: Path, env: dict[str, str] | None = None, split: bool = False, cwd: Path | None = None
+    ) -> None:
+        """``cwd``: start the processes there through the installed ``tuneq`` command, as a user
+        would (by default ``python -m shared.cli`` from the tests' own directory)."""
         self.home = home
+        self.cwd = cwd
         self.port = free_port()
         self.env = {**os.environ, "TUNEQ_HOME": str(home), **(env or {})}
         for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):
@@ -41,8 +46,12 @@ class Tuneq:
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as home_log:
+            command = (
+                [str(Path(sys.executable).with_name("tuneq"))] if self.cwd else [sys.executable, "-m", "shared.cli"]
+            )
             process = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", *args],
+                [*command, *args],
+                cwd=self.cwd,
                 env=self.env,
                 stdout=home_log,
                 stderr=subprocess.STDOUT,

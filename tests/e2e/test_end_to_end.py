@@ -171,6 +171,24 @@ def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Pa
     assert status == "queued"
 
 
+def test_no_tuneq_process_depends_on_the_directory_it_is_started_from(tmp_path: Path, home: Path) -> None:
+    """A user's project with shared/, api/ and worker/ folders of its own: `tuneq dev` started
+    there used to import those instead of tuneq's packages (python -m puts the working
+    directory first on sys.path), in the API, the worker, the warm start and the ranks."""
+    project = tmp_path / "project"
+    for package in ("shared", "api", "worker"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text('raise ImportError("imported from the working directory")\n')
+    env = {"TUNEQ_ALLOWED_ROOTS": str(home / "data")}
+    service = Tuneq(home=tmp_path / "home", env=env, cwd=project).start()
+    try:
+        job = service.wait(service.submit(body(home, training={"max_steps": 2, "max_seq_length": 64}))["id"])
+        check_succeeded(service, job, steps=2)
+        assert "imported from the working directory" not in service.log.read_text(errors="replace")
+    finally:
+        service.stop()
+
+
 def test_postgres_and_redis_with_separate_api_and_worker(
     tmp_path: Path, home: Path, postgres_url: str, redis_url: str
 ) -> None:
