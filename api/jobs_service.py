@@ -29,7 +29,7 @@ from shared.queue import enqueue_job
 from shared.settings import Settings
 from shared.spec import JobCreate, TrainingOptions
 from shared.storage import CheckpointManifest, RunLayout, tail_lines
-from shared.validation import Hardware, JobValidationError, Problem, validate_job_request
+from shared.validation import Hardware, JobValidationError, Problem, settled_training, validate_job_request
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def create_job(
         deepspeed_config=job_in.deepspeed_config,
         resolved_deepspeed_config=resolved,
         num_gpus=job_in.num_gpus,
-        training=job_in.training.model_dump(),
+        training=settled_training(job_in).model_dump(),
         max_restarts=job_in.max_restarts,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,

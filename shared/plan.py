@@ -21,7 +21,7 @@ from shared.deepspeed_auto import AutoInputs, fill_auto, hidden_size_of, without
 from shared.deepspeed_config import resolve_deepspeed_config
 from shared.lora import LoraTargetError, add_lora
 from shared.settings import Settings
-from shared.spec import JobCreate, LoraOptions
+from shared.spec import JobCreate, LoraOptions, max_positions_of
 from shared.tokenized import TokenizationError
 from shared.validation import Problem
 
@@ -116,8 +116,10 @@ def estimate_memory(
     )
 
 
-def _count_parameters(model: str, revision: str | None, lora: LoraOptions | None) -> tuple[int, int, int, int | None]:
-    """(parameters, trainable, largest layer, hidden size) of the model, built on the meta device."""
+def _count_parameters(
+    model: str, revision: str | None, lora: LoraOptions | None
+) -> tuple[int, int, int, int | None, int | None]:
+    """(parameters, trainable, largest layer, hidden size, positions) of the model, built on the meta device."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -130,7 +132,7 @@ def _count_parameters(model: str, revision: str | None, lora: LoraOptions | None
     parameters = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
-    return parameters, trainable, largest, hidden_size_of(config.to_dict())
+    return parameters, trainable, largest, hidden_size_of(config.to_dict()), max_positions_of(config.to_dict())
 
 
 def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: Settings) -> JobPlan:
@@ -144,11 +146,15 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
         tokenizer = AutoTokenizer.from_pretrained(job_in.model, revision=job_in.revision, trust_remote_code=False)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        parameters, trainable, largest, hidden = _count_parameters(job_in.model, job_in.revision, opts.lora)
+        parameters, trainable, largest, hidden, positions = _count_parameters(job_in.model, job_in.revision, opts.lora)
     except LoraTargetError as e:
         raise PlanProblems([Problem(("body", "training", "lora"), str(e))]) from None
     except (OSError, ValueError) as e:
         raise PlanProblems([Problem(("body", "model"), f"cannot load '{job_in.model}': {e}")]) from None
+    try:
+        opts = opts.for_model(positions)
+    except ValueError as e:
+        raise PlanProblems([Problem(("body", "training", "max_seq_length"), str(e))]) from None
     try:
         validation_file = None
         if job_in.validation_dataset is not None:

@@ -31,17 +31,27 @@ class LoraOptions(BaseModel):
     merge: bool = Field(default=False, description="Also export the base model with the adapter merged into it.")
 
 
+DEFAULT_MAX_SEQ_LENGTH = 512  # when the model's own limit is not smaller
+
+
 class TrainingOptions(BaseModel):
     """Training-loop knobs. Batch sizes, optimizer and precision come from the DeepSpeed config."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset.")
+    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset (unless max_steps is set).")
     max_steps: int | None = Field(
-        default=None, gt=0, description="Stop after this many optimizer steps, even mid-epoch."
+        default=None,
+        gt=0,
+        description="Train exactly this many optimizer steps, the data repeating as needed: it overrides "
+        "epochs, as the Hugging Face Trainer's max_steps does.",
     )
-    max_seq_length: int = Field(
-        default=512, ge=8, le=131_072, description="Tokens per sample; longer samples are truncated."
+    max_seq_length: int | None = Field(
+        default=None,
+        ge=8,
+        le=131_072,
+        description=f"Tokens per sample; longer samples are truncated. Default: {DEFAULT_MAX_SEQ_LENGTH}, or the "
+        "model's own limit (max_position_embeddings) when that is smaller.",
     )
     checkpoint_every_steps: int | None = Field(
         default=None, gt=0, description="Save a DeepSpeed checkpoint every N steps (and always at the end)."
@@ -88,6 +98,34 @@ class TrainingOptions(BaseModel):
     warmup_steps: int = Field(default=0, ge=0, description="Fills scheduler warmup_num_steps: auto.")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Used when warmup_steps is 0.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(default="fp32", description="Fills fp16/bf16 enabled: auto.")
+
+    def for_model(self, max_positions: int | None) -> TrainingOptions:
+        """These options with ``max_seq_length`` settled for a model of ``max_positions``
+        positions (None: not known): a value the user left out follows the model; one they
+        set past the model's limit is a ValueError saying what to set."""
+        if self.max_seq_length is None:
+            limit = DEFAULT_MAX_SEQ_LENGTH if max_positions is None else min(DEFAULT_MAX_SEQ_LENGTH, max_positions)
+            return self.model_copy(update={"max_seq_length": limit})
+        if max_positions is not None and self.max_seq_length > max_positions:
+            raise ValueError(
+                f"training.max_seq_length {self.max_seq_length} exceeds the model's {max_positions} positions: "
+                f"set it to {max_positions} or less, or leave it out to follow the model"
+            )
+        return self
+
+    @property
+    def seq_length(self) -> int:
+        """``max_seq_length`` as settled by :meth:`for_model` (the default before that)."""
+        return DEFAULT_MAX_SEQ_LENGTH if self.max_seq_length is None else self.max_seq_length
+
+
+def max_positions_of(model_config: dict[str, Any]) -> int | None:
+    """How many positions a model takes, from its config.json, under the names architectures use."""
+    for source in (model_config, model_config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(source.get(key), int) and source[key] > 0:
+                return int(source[key])
+    return None
 
 
 class ResumeFrom(BaseModel):

@@ -90,8 +90,14 @@ def count_steps_per_epoch(rows: int, *, world_size: int, micro_batch: int, accum
 
 
 def count_total_steps(steps_per_epoch: int, options: TrainingOptions) -> int:
-    steps = steps_per_epoch * options.epochs
-    return min(steps, options.max_steps) if options.max_steps is not None else steps
+    """The optimizer steps of the run: ``max_steps`` when set (the data repeats as needed, as
+    the Hugging Face Trainer's ``max_steps`` overrides its epochs), else ``epochs`` of data."""
+    return options.max_steps if options.max_steps is not None else steps_per_epoch * options.epochs
+
+
+def count_epochs(steps_per_epoch: int, total_steps: int) -> int:
+    """The passes over the data (the last one possibly partial) that ``total_steps`` takes."""
+    return -(-total_steps // steps_per_epoch)
 
 
 def load_training_data(
@@ -110,7 +116,7 @@ def load_training_data(
                 path,
                 tokenizer,
                 dataset_format=dataset_format,
-                max_seq_length=options.max_seq_length,
+                max_seq_length=options.seq_length,
                 cache_root=cache_dir / "tokenized",
             )
         except DatasetError as e:
@@ -133,10 +139,8 @@ def load_training_data(
         validation_stats=validation_stats,
         packing=packing,
         padding_free=options.padding_free,
-        rows=rows_of(train, packing=packing, max_seq_length=options.max_seq_length),
+        rows=rows_of(train, packing=packing, max_seq_length=options.seq_length),
         validation_rows=(
-            rows_of(validation, packing=packing, max_seq_length=options.max_seq_length)
-            if validation is not None
-            else None
+            rows_of(validation, packing=packing, max_seq_length=options.seq_length) if validation is not None else None
         ),
     )

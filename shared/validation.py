@@ -18,7 +18,7 @@ from shared.deepspeed_auto import FILLABLE, AutoInputs, auto_keys, fill_auto, hi
 from shared.deepspeed_config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config, wants_fp16
 from shared.deepspeed_safety import sanitize_deepspeed_config
 from shared.settings import Settings
-from shared.spec import JobCreate
+from shared.spec import JobCreate, TrainingOptions, max_positions_of
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 FP16_NEEDS_CUDA = (
@@ -112,14 +112,31 @@ def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field
     return []
 
 
-def local_hidden_size(model: str) -> int | None:
-    """The hidden size of a local model (for "auto" bucket sizes); None for hub models."""
+def local_model_config(model: str) -> dict[str, Any] | None:
+    """A local model's config.json; None for hub models (or one that cannot be read)."""
     if not is_local_reference(model):
         return None
     try:
-        return hidden_size_of(json.loads((local_path(model).resolve() / "config.json").read_text(encoding="utf-8")))
+        config = json.loads((local_path(model).resolve() / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return config if isinstance(config, dict) else None
+
+
+def local_hidden_size(model: str) -> int | None:
+    """The hidden size of a local model (for "auto" bucket sizes); None for hub models."""
+    config = local_model_config(model)
+    return hidden_size_of(config) if config is not None else None
+
+
+def settled_training(job_in: JobCreate) -> TrainingOptions:
+    """The job's training options with what the API can settle now: for a local model, a
+    ``max_seq_length`` left out follows the model's limit (the ranks settle a hub model's).
+    Raises ValueError for an explicit ``max_seq_length`` past a local model's limit."""
+    config = local_model_config(job_in.model)
+    if config is None:
+        return job_in.training
+    return job_in.training.for_model(max_positions_of(config))
 
 
 def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Problem]]:
@@ -152,6 +169,10 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
                 "revision applies to hub models only; a local directory is used as it is: drop revision",
             )
         )
+    try:
+        settled_training(job_in)
+    except ValueError as e:
+        problems.append(Problem(("body", "training", "max_seq_length"), str(e)))
     problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
     if job_in.validation_dataset is not None:
         problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")

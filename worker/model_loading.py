@@ -6,7 +6,7 @@ import logging
 from typing import Any, Literal
 
 from shared.lora import LoraTargetError, add_lora
-from shared.spec import TrainingSpec
+from shared.spec import TrainingOptions, TrainingSpec, max_positions_of
 from worker.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,21 @@ def load_tokenizer(spec: TrainingSpec) -> Any:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def settle_training(spec: TrainingSpec) -> TrainingOptions:
+    """The job's training options settled for its model (``max_seq_length`` against the
+    model's positions), read from its config before any data is tokenized."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(spec.model, revision=spec.revision, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load its config ({e})") from None
+    try:
+        return spec.training.for_model(max_positions_of(config.to_dict()))
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
 
 
 def load_model(spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_stage: int) -> tuple[Any, ModelLoad]:

@@ -122,12 +122,12 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
 
     from shared.dataset import DatasetError
     from shared.tokenized import TokenizationError
-    from shared.training_data import count_steps_per_epoch, count_total_steps, load_training_data
+    from shared.training_data import count_epochs, count_steps_per_epoch, count_total_steps, load_training_data
     from worker.checkpointing import export_adapter, export_model, save_checkpoint
     from worker.data import SampleRows, make_loader
-    from worker.model_loading import load_model, load_tokenizer
+    from worker.model_loading import load_model, load_tokenizer, settle_training
 
-    opts = spec.training
+    opts = settle_training(spec)  # max_seq_length follows the model unless the job set it
     deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
     rank, world_size = dist.get_rank(), dist.get_world_size()
     events = EventWriter(layout.events(spec.attempt), enabled=rank == 0)
@@ -148,7 +148,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
         raise InvalidInputError(str(e)) from None
     packing = data.packing
     dataset = SampleRows(
-        data.train, data.rows, packing=packing, padding_free=data.padding_free, max_seq_length=opts.max_seq_length
+        data.train, data.rows, packing=packing, padding_free=data.padding_free, max_seq_length=opts.seq_length
     )
 
     # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
@@ -158,12 +158,6 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     except DeepSpeedConfigError as e:
         raise InvalidInputError(f"deepspeed_config: {e.message}") from None
     model, model_load = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and opts.max_seq_length > max_positions:
-        raise InvalidInputError(
-            f"training.max_seq_length {opts.max_seq_length} exceeds the model's {max_positions} positions: "
-            f"set it to {max_positions} or less"
-        )
 
     # "auto" values the API could not fill: the model's hidden size (bucket sizes) now; the
     # run's total steps (scheduler) once the data is batched.
@@ -185,7 +179,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
                 data.validation_rows,
                 packing=packing,
                 padding_free=data.padding_free,
-                max_seq_length=opts.max_seq_length,
+                max_seq_length=opts.seq_length,
             ),
             micro_batch=micro_batch,
             world_size=world_size,
@@ -269,7 +263,7 @@ def train(spec: TrainingSpec, layout: RunLayout) -> None:
     window = torch.zeros(5, dtype=torch.float64, device=device)
     step_started = time.perf_counter()
     engine.train()
-    for epoch in range(start_epoch, opts.epochs):
+    for epoch in range(start_epoch, count_epochs(steps_per_epoch, total_steps)):
         if step >= total_steps:
             break
         sampler.set_epoch(epoch)  # the same order as the lost attempt saw: seed + epoch

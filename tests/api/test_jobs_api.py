@@ -55,6 +55,21 @@ def test_submit_returns_the_queued_job(client: TestClient, body: dict[str, Any])
     assert client.get(f"/jobs/{job['id']}").json() == job
 
 
+def test_max_seq_length_follows_a_local_models_positions(
+    client: TestClient, body: dict[str, Any], model_dir: Path
+) -> None:
+    (model_dir / "config.json").write_text('{"max_position_embeddings": 128}')
+    left_out = client.post("/jobs", json=body)
+    assert left_out.status_code == 201, left_out.text
+    assert left_out.json()["training"]["max_seq_length"] == 128  # not 512: the model has 128 positions
+    too_long = client.post("/jobs", json={**body, "training": {"max_seq_length": 256}})
+    assert too_long.status_code == 422
+    problem = too_long.json()["detail"][0]
+    assert problem["loc"] == ["body", "training", "max_seq_length"]
+    assert "exceeds the model's 128 positions: set it to 128 or less" in problem["msg"]
+    assert job_count() == 1
+
+
 def test_invalid_submit_is_422_naming_the_field_and_creates_no_row(client: TestClient, body: dict[str, Any]) -> None:
     response = client.post(
         "/jobs", json={**body, "deepspeed_config": {**body["deepspeed_config"], "zero_optimizaton": {}}}

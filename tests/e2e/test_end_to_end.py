@@ -134,13 +134,14 @@ def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ra
     check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
 
 
-def test_a_run_time_input_error_fails_the_job_with_a_plain_message(embedded: Tuneq, home: Path) -> None:
-    job = embedded.submit(body(home, training={"max_steps": 3, "max_seq_length": 4096}))
-    job = embedded.wait(job["id"], timeout=300)
-    assert job["status"] == "failed"
-    assert job["error"]["code"] == "invalid_input"
-    assert "max_seq_length 4096 exceeds the model's 256 positions" in job["error"]["message"]
-    assert "Traceback" not in job["error"]["message"]
+def test_a_sequence_length_past_a_local_models_limit_is_refused_at_submit(embedded: Tuneq, home: Path) -> None:
+    """It used to be accepted and to fail the job at step 0; the ranks still check it for hub
+    models (tests/worker/test_model_loading.py)."""
+    response = embedded.client.post("/jobs", json=body(home, training={"max_steps": 3, "max_seq_length": 4096}))
+    assert response.status_code == 422, response.text
+    problem = response.json()["detail"][0]
+    assert problem["loc"] == ["body", "training", "max_seq_length"]
+    assert "max_seq_length 4096 exceeds the model's 256 positions" in problem["msg"]
 
 
 def test_fp16_is_refused_at_submit_once_the_cpu_worker_is_known(embedded: Tuneq, home: Path) -> None:
@@ -169,6 +170,19 @@ def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Pa
     with sqlite3.connect(service.home / "tuneq.sqlite") as db:
         (status,) = db.execute("SELECT status FROM jobs WHERE id = ?", (job["id"].replace("-", ""),)).fetchone()
     assert status == "queued"
+
+
+def test_max_steps_repeats_the_data_and_max_seq_length_follows_the_model(embedded: Tuneq, home: Path) -> None:
+    """No epochs and no max_seq_length given: max_steps is the run's length (the data repeats,
+    as with the HF Trainer's max_steps) and the sequence length is the model's (256 positions)."""
+    job_body = body(home, dataset=str(home / "data" / "repeated.jsonl"), training={"max_steps": 12})
+    plan = embedded.client.post("/jobs/plan", json=job_body).json()
+    assert plan["steps_per_epoch"] < 12 and plan["total_steps"] == 12, plan
+    job = embedded.submit(job_body)
+    assert job["training"]["max_seq_length"] == 256  # the tiny model's max_position_embeddings
+    job = embedded.wait(job["id"])
+    check_succeeded(embedded, job, steps=12)
+    assert job["latest_metrics"]["epoch"] > 1  # more than one pass over the data
 
 
 def test_no_tuneq_process_depends_on_the_directory_it_is_started_from(tmp_path: Path, home: Path) -> None:
