@@ -23,6 +23,8 @@ from shared.models import (
     JobMetric,
     JobPublic,
     JobStatus,
+    MetricPublic,
+    MetricsPublic,
     Worker,
 )
 from shared.queue import enqueue_job
@@ -264,9 +266,32 @@ def list_jobs(
     return list(jobs), int(count)
 
 
-def list_metrics(*, session: Session, job_id: uuid.UUID) -> list[JobMetric]:
-    query = select(JobMetric).where(JobMetric.job_id == job_id).order_by(col(JobMetric.step))
-    return list(session.exec(query).all())
+def list_metrics(
+    *, session: Session, job_id: uuid.UUID, after: int, limit: int, points: int | None = None
+) -> MetricsPublic:
+    """The job's metrics after step ``after``, at most ``limit`` rows. With ``points``, the
+    steps after ``after`` are cut into ``points`` equal stretches and the last row of each is
+    returned (SQL picks them: a 200 000-step run charts from a few hundred rows)."""
+    # Read first: events after it reach a stream that starts there, so nothing falls between.
+    newest_event = session.exec(select(func.max(JobEvent.id)).where(col(JobEvent.job_id) == job_id)).one()
+    of_job = (col(JobMetric.job_id) == job_id, col(JobMetric.step) > after)
+    query = select(JobMetric).where(*of_job)
+    if points is not None:
+        last = session.exec(select(func.max(JobMetric.step)).where(*of_job)).one()
+        if last is not None:
+            width = max(1, -(-(last - after) // points))
+            stretch = (col(JobMetric.step) - after - 1) // width
+            query = query.where(
+                col(JobMetric.step).in_(select(func.max(JobMetric.step)).where(*of_job).group_by(stretch))
+            )
+    rows = session.exec(query.order_by(col(JobMetric.step)).limit(limit + 1)).all()
+    page = [MetricPublic.model_validate(r) for r in rows[:limit]]
+    return MetricsPublic(
+        data=page,
+        has_more=len(rows) > limit,
+        next_after=page[-1].step if page else None,
+        event_cursor=newest_event or 0,
+    )
 
 
 def list_checkpoints(*, session: Session, job_id: uuid.UUID) -> list[Checkpoint]:

@@ -291,6 +291,20 @@ class TuneqClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/jobs/{job_id}/cancel")
 
+    def metrics(self, job_id: str, *, points: int | None = None) -> list[dict[str, Any]]:
+        """The job's per-step metrics in step order, fetched a page at a time; with ``points``,
+        at most that many rows spread evenly over the run (for a chart of a long run)."""
+        rows: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"after": 0}
+        if points is not None:
+            params.update(points=points, limit=points)  # one page: stretches span the whole run
+        while True:
+            page = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
+            rows += page["data"]
+            if not page["has_more"]:
+                return rows
+            params["after"] = page["next_after"]
+
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return list(self._json("GET", f"/jobs/{job_id}/checkpoints")["data"])
 

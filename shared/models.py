@@ -278,7 +278,14 @@ class MetricPublic(SQLModel):
 
 
 class MetricsPublic(SQLModel):
+    """One page of a job's metrics, in step order."""
+
     data: list[MetricPublic]
+    has_more: bool  # more steps follow: ask again with after=next_after
+    next_after: int | None  # the last step of this page
+    # The job's newest event id when the page was read: an event stream from here continues
+    # the series without a gap (a step both in the page and in the stream is the same row).
+    event_cursor: int
 
 
 class CheckpointPublic(SQLModel):

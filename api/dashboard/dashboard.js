@@ -104,6 +104,7 @@ function setStatus(element, status) {
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_MARKERS = 200; // beyond this, dots would only hide the line
+const CHART_POINTS = 500; // a job's history is charted from at most this many steps (GET .../metrics?points=)
 
 class LineChart {
   constructor(svg) {
@@ -302,8 +303,21 @@ async function showJob(jobId) {
     }
   };
 
+  // The history first, downsampled in SQL to at most CHART_POINTS rows however long the run;
+  // then the live events from the cursor that page was read at, so nothing falls between.
   const follow = async () => {
     let cursor = 0;
+    try {
+      const history = await api(`/jobs/${jobId}/metrics?points=${CHART_POINTS}&limit=${CHART_POINTS}`);
+      for (const m of history.data) {
+        loss.add(m.step, m.loss);
+        lr.add(m.step, m.learning_rate);
+      }
+      cursor = history.event_cursor;
+    } catch (error) {
+      if (error instanceof Unauthorized || abort.signal.aborted) return;
+      report(error); // the stream from 0 fills the charts instead
+    }
     while (!abort.signal.aborted) {
       try {
         cursor = await readEvents(jobId, cursor, abort.signal, onEvent);

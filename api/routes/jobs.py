@@ -28,7 +28,6 @@ from shared.models import (
     JobsPublic,
     JobStatus,
     LogsPublic,
-    MetricPublic,
     MetricsPublic,
 )
 from shared.plan import JobPlan
@@ -150,10 +149,22 @@ def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: 
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)
-def get_metrics(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> MetricsPublic:
+def get_metrics(
+    job_id: uuid.UUID,
+    session: ReadSessionDep,
+    owner: OwnerDep,
+    after: int = Query(default=0, ge=0, le=SQL_INT_MAX, description="Steps after this one (a page's next_after)"),
+    limit: int = Query(default=1000, ge=1, le=10_000),
+    points: int | None = Query(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="At most this many rows, spread evenly over the steps (the last of each stretch): a chart's series",
+    ),
+) -> MetricsPublic:
+    """The job's per-step metrics in step order, a page at a time (``has_more``, ``next_after``)."""
     _job_or_404(session, job_id, owner)
-    rows = jobs_service.list_metrics(session=session, job_id=job_id)
-    return MetricsPublic(data=[MetricPublic.model_validate(r) for r in rows])
+    return jobs_service.list_metrics(session=session, job_id=job_id, after=after, limit=limit, points=points)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=NOT_FOUND)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
@@ -122,11 +123,64 @@ def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
     assert client.get("/jobs/not-a-uuid").status_code == 422
 
 
+def test_metrics_come_a_page_at_a_time_or_downsampled_for_a_chart(client: TestClient, body: dict[str, Any]) -> None:
+    """A 200 000-step run used to answer every row on every call."""
+    from sqlalchemy import insert
+
+    from shared.models import JobEvent, JobMetric, utcnow
+
+    job_id = client.post("/jobs", json=body).json()["id"]
+    with Session(get_engine()) as session:
+        now = utcnow()
+        session.execute(
+            insert(JobMetric),
+            [{"job_id": uuid.UUID(job_id), "step": step, "loss": 1 / step, "time": now} for step in range(1, 2501)],
+        )
+        session.commit()
+        newest_event = max(e.id for e in session.exec(select(JobEvent).where(JobEvent.job_id == uuid.UUID(job_id))))
+
+    def page(**params: Any) -> dict[str, Any]:
+        response = client.get(f"/jobs/{job_id}/metrics", params=params)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    steps: list[int] = []
+    after, pages = 0, 0
+    while True:
+        got = page(after=after)
+        steps += [m["step"] for m in got["data"]]
+        pages += 1
+        assert got["event_cursor"] == newest_event
+        if not got["has_more"]:
+            break
+        after = got["next_after"]
+    assert steps == list(range(1, 2501)) and pages == 3  # 1000 a page by default
+    assert [m["step"] for m in page(after=2490, limit=5)["data"]] == [2491, 2492, 2493, 2494, 2495]
+    chart = [m["step"] for m in page(points=100)["data"]]
+    assert chart == list(range(25, 2501, 25))  # the last step of each of 100 stretches of 25
+    tail = [m["step"] for m in page(points=10, after=2000)["data"]]
+    assert tail == list(range(2050, 2501, 50))
+    assert page(points=5000)["data"][0]["step"] == 1 and len(page(points=5000, limit=3000)["data"]) == 2500
+    assert client.get(f"/jobs/{job_id}/metrics", params={"limit": 10_001}).status_code == 422
+    # The client pages through them the same way.
+    from shared.client import ClientSettings, TuneqClient
+
+    def through_the_app(request: httpx.Request) -> httpx.Response:
+        answer = client.request(request.method, str(request.url), headers=request.headers, content=request.content)
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    api = TuneqClient(ClientSettings(url=str(client.base_url)), transport=httpx.MockTransport(through_the_app))
+    assert [m["step"] for m in api.metrics(job_id)] == list(range(1, 2501))
+    assert [m["step"] for m in api.metrics(job_id, points=100)] == list(range(25, 2501, 25))
+
+
 def test_metrics_checkpoints_and_logs_of_a_new_job(client: TestClient, body: dict[str, Any], tuneq_home: Path) -> None:
     from shared.settings import get_settings
 
     job_id = client.post("/jobs", json=body).json()["id"]
-    assert client.get(f"/jobs/{job_id}/metrics").json() == {"data": []}
+    metrics = client.get(f"/jobs/{job_id}/metrics").json()
+    assert metrics["data"] == [] and not metrics["has_more"] and metrics["next_after"] is None
+    assert metrics["event_cursor"] > 0  # the job's "queued" status event
     assert client.get(f"/jobs/{job_id}/checkpoints").json() == {"data": []}
     assert client.get(f"/jobs/{job_id}/logs").json() == {"lines": []}
     layout = RunLayout.for_job(get_settings(), job_id)
