@@ -50,6 +50,21 @@ def test_forked_ranks_run_train_and_their_failure_is_the_jobs(zygote: warm_start
         assert f"rank {rank} (pid {pid}) exited with status 1" in log
 
 
+def test_the_first_failure_is_the_jobs_not_the_stop_of_the_others(zygote: warm_start.WarmStart, tmp_path: Path) -> None:
+    """Rank 1 fails while rank 0 still runs: stopping rank 0 gives it -15, which used to be
+    reported (the lower pid's status) instead of rank 1's own failure."""
+    fifo = tmp_path / "blocked.json"
+    os.mkfifo(fifo)  # rank 0 blocks reading it
+    ranks = zygote.fork(
+        [start(tmp_path, rank=0, spec=fifo), start(tmp_path, rank=1, spec=tmp_path / "missing.json")], master_port=29999
+    )
+    while ranks.poll() is None:
+        pass
+    assert ranks.returncode == 1
+    assert zygote.exit_code(ranks.pids[0]) == -15  # stopped after rank 1 failed
+    assert ranks.killed_pids == frozenset()  # it stopped on SIGTERM: tuneq sent no SIGKILL
+
+
 def test_stop_kills_a_rank_that_ignores_sigterm(zygote: warm_start.WarmStart, tmp_path: Path) -> None:
     # A rank stuck before its SIGTERM handler matters: stop() must still end it within the grace.
     fifo = tmp_path / "spec.json"
@@ -57,6 +72,7 @@ def test_stop_kills_a_rank_that_ignores_sigterm(zygote: warm_start.WarmStart, tm
     ranks = zygote.fork([start(tmp_path, rank=0, spec=fifo)], master_port=29999)
     ranks.stop(grace_seconds=0.5)
     assert ranks.returncode is not None and ranks.returncode < 0  # killed by a signal
+    assert (ranks.returncode == -9) == (ranks.killed_pids == frozenset(ranks.pids))  # tuneq's SIGKILL is known
     assert zygote.exit_code(ranks.pids[0]) == ranks.returncode
 
 
