@@ -149,8 +149,13 @@ def _stop_group(process: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
+    # SIGTERM to each service's own process, as an init or `docker stop` sends it: the API
+    # drains and stops its plan child, the worker stops (and releases) a running job in its
+    # pool child and stops idle ones itself. What is left of either group after the grace is
+    # killed with it.
     for child in children:
-        _stop_group(child, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
     for child in children:
         try:

@@ -15,41 +15,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
+from shared.client import ClientError, ClientSettings, FollowState, TuneqClient, follow_job
 from shared.ports import free_port
 from shared.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.settings import get_settings
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
-
-def wait_until_healthy(client: httpx.Client, *, timeout: float = 120.0) -> None:
+def wait_until_ready(client: TuneqClient, *, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
+            client.request("GET", "/readyz")
+            return
+        except ClientError:
+            time.sleep(0.5)
     raise TimeoutError("tuneq did not become ready")
-
-
-def follow_job(
-    client: httpx.Client, job_id: str, *, timeout: float, on_step: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last_step = -1
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = client.get(f"/jobs/{job_id}").raise_for_status().json()
-        if job["step"] != last_step:
-            last_step = job["step"]
-            on_step(job)
-        if job["status"] in TERMINAL:
-            return job
-        time.sleep(1.0)
-    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s")
 
 
 def loss_curve(metrics: list[dict[str, Any]], *, width: int = 40) -> list[str]:
@@ -74,13 +54,19 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
         build_tiny_model(model_dir)
     dataset = write_text_dataset(data / "train.jsonl", records=128)
     port = port or free_port()
-    echo(f"starting tuneq dev on port {port}")
-    dev = subprocess.Popen(
-        [sys.executable, "-P", "-m", "shared.cli", "dev", "--port", str(port)], start_new_session=True
-    )
+    service_log = settings.home / "demo-services.log"
+    echo(f"starting tuneq dev on port {port} (its logs: {service_log})")
+    settings.home.mkdir(parents=True, exist_ok=True)
+    with service_log.open("ab") as log:
+        dev = subprocess.Popen(
+            [sys.executable, "-P", "-m", "shared.cli", "dev", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            wait_until_healthy(client)
+        with TuneqClient(ClientSettings(url=f"http://127.0.0.1:{port}")) as client:
+            wait_until_ready(client)
             # The seed config runs as given on a GPU host; CPUs have no fp16.
             has_gpu = os.path.exists("/dev/nvidia0")
             body = {
@@ -92,21 +78,17 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
                 # 40 steps: packed, the 128 short records fill about 40 rows, so a few passes.
                 "training": {"max_steps": 40, "max_seq_length": 64, "checkpoint_every_steps": 20},
             }
-            response = client.post("/jobs", json=body)
-            if response.status_code != 201:
-                echo(f"submit refused ({response.status_code}): {response.text}")
+            try:
+                job = client.submit(body)
+            except ClientError as e:
+                echo(f"submit refused: {e}")
                 return 1
-            job_id = response.json()["id"]
-            echo(f"submitted job {job_id}; following it")
-
-            def on_step(job: dict[str, Any]) -> None:
-                loss = (job.get("latest_metrics") or {}).get("loss")
-                shown = f" loss {loss:.4f}" if loss is not None else ""
-                echo(f"  {job['status']:<9} step {job['step']}/{job['total_steps'] or '?'}{shown}")
-
-            job = follow_job(client, job_id, timeout=1800, on_step=on_step)
-            metrics = client.get(f"/jobs/{job_id}/metrics", params={"points": 40}).json()["data"]
-            checkpoints = client.get(f"/jobs/{job_id}/checkpoints").json()["data"]
+            echo(f"submitted job {job['id']}")
+            # A progress bar with the loss on a terminal, a line per event of note otherwise.
+            job = follow_job(client, job, live=sys.stdout.isatty())
+            echo(FollowState.from_job(job).outcome_line())
+            metrics = client.metrics(job["id"], points=40)
+            checkpoints = client.checkpoints(job["id"])
         if job["status"] != "succeeded":
             echo(f"job {job['status']}: {job['error']}")
             return 1

@@ -33,3 +33,5 @@ def configure_logging(settings: Settings) -> None:
     # Alembic announces its plugins and dialect at INFO on every start; tuneq logs what it migrates.
     if root.level > logging.DEBUG:
         logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
+        # httpx logs every request at INFO: a line per poll of the demo or the client.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+from celery.worker import state as worker_state
 
 from shared.db import init_db, session_scope
 from shared.lifecycle import (
@@ -116,6 +117,13 @@ def _exit_by_deadline() -> None:
 def _on_shutting_down(**_kwargs: Any) -> None:
     if not _stopping.is_set():
         threading.Thread(target=_exit_by_deadline, name="stop-deadline", daemon=True).start()
+        # Celery's warm shutdown waits for the running task, which is hours of training: the
+        # pool child running a job gets the SIGTERM too (an init such as docker's signals only
+        # this process), stops its ranks and releases the job. Idle children Celery stops itself.
+        for request in list(worker_state.active_requests):
+            if request.worker_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(request.worker_pid, signal.SIGTERM)
     # A job this worker released on its way down must go to another worker (or to this one
     # after a restart), not back into a pool child Celery forks while it waits to exit.
     _stopping.set()

@@ -22,6 +22,16 @@ def test_demo_runs_the_seed_job_and_stops_the_service(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "loss curve:" in result.stdout and "step   40" in result.stdout
+    # What a user wants to see, and nothing of the services: their logs go to a file it names,
+    # and a clean stop logs no error there either.
+    output = result.stdout + result.stderr
+    for noise in ("HTTP Request:", "celery@", "-------------- ", "ERROR"):
+        assert noise not in output, output[-3000:]
+    assert "job " in result.stdout and " succeeded at step 40/40" in result.stdout
+    service_log = Path(env["TUNEQ_HOME"]) / "demo-services.log"
+    assert str(service_log) in result.stdout
+    logged = service_log.read_text(errors="replace")
+    assert "worker" in logged and "ERROR" not in logged, logged[-3000:]
     model = next(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("fine-tuned model:"))
     from transformers import AutoModelForCausalLM
 
