@@ -24,6 +24,7 @@ import httpx
 import psutil
 
 from benchmarks.common import Server, keep_log
+from shared.models import TERMINAL_STATUSES
 from shared.ports import free_port
 from shared.settings import Settings
 from shared.storage import RunLayout
@@ -32,7 +33,6 @@ from shared.storage import RunLayout
 # second, so the sampler's own CPU stays small next to the ranks' (memory peaks last a step).
 SAMPLE_SECONDS = 1.0
 JOB_TIMEOUT_SECONDS = 3600
-TERMINAL = {"succeeded", "failed", "cancelled"}
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -157,7 +157,7 @@ class TuneqDev:
                 raise RuntimeError(f"POST /jobs answered {response.status_code}: {response.text}")
             job_id = str(response.json()["id"])
             deadline = time.monotonic() + timeout
-            while (job := self.client.get(f"/jobs/{job_id}").json())["status"] not in TERMINAL:
+            while (job := self.client.get(f"/jobs/{job_id}").json())["status"] not in TERMINAL_STATUSES:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s")
                 time.sleep(0.5)

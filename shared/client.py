@@ -32,10 +32,11 @@ from urllib.parse import unquote, urlparse
 import httpx
 import typer
 
+from shared.models import TERMINAL_STATUSES
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job failed; a download could not be made

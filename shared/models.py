@@ -30,7 +30,11 @@ class JobStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+        return self in TERMINAL_STATUSES
+
+
+# The statuses a job never leaves: the one definition the API, the worker and the clients use.
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 
 
 class ErrorCode(StrEnum):

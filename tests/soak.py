@@ -32,8 +32,9 @@ from typing import Any
 import httpx
 import psutil
 
+from shared.models import TERMINAL_STATUSES
 from shared.samples import build_tiny_model, seed_config, write_text_dataset
-from tests.e2e.harness import TERMINAL, Tuneq, wait_gone
+from tests.e2e.harness import Tuneq, wait_gone
 from tests.services import fresh_postgres_schema
 from worker.shm_buffers import BUFFER_PREFIX, SHM_DIR
 
@@ -170,7 +171,7 @@ def run(*, jobs: int, steps: int, submit_every: float, work: Path) -> list[str]:
         started = time.monotonic()
         while True:
             listed = requests.call("GET", "/jobs", params={"limit": 500}).json()["data"]
-            done = sum(1 for j in listed if j["status"] in TERMINAL)
+            done = sum(1 for j in listed if j["status"] in TERMINAL_STATUSES)
             if chaos and done >= chaos[0][0] * jobs:
                 _, what = chaos.pop(0)
                 logger.info("%d/%d jobs done: %s", done, jobs, what)
@@ -203,7 +204,7 @@ def run(*, jobs: int, steps: int, submit_every: float, work: Path) -> list[str]:
             if steps_seen != list(range(1, steps + 1)):
                 problems.append(f"job {job_id}: steps {steps_seen}")
             events = requests.call("GET", f"/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
-            ends = [e for e in events if e["type"] == "status" and e["data"]["status"] in TERMINAL]
+            ends = [e for e in events if e["type"] == "status" and e["data"]["status"] in TERMINAL_STATUSES]
             if len(ends) != 1:
                 problems.append(f"job {job_id}: {len(ends)} terminal status events")
         if retried > stops:

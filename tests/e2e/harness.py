@@ -14,9 +14,8 @@ from typing import Any
 import httpx
 import psutil
 
+from shared.models import TERMINAL_STATUSES
 from shared.ports import free_port
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 class Tuneq:
@@ -153,7 +152,9 @@ class Tuneq:
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self.get(f"/jobs/{job_id}"))
 
-    def wait(self, job_id: str, *, timeout: float = 600, until: set[str] = TERMINAL) -> dict[str, Any]:
+    def wait(
+        self, job_id: str, *, timeout: float = 600, until: frozenset[str] | set[str] = TERMINAL_STATUSES
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.job(job_id)
