@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, field_validator
 
+from shared.models import ErrorCode
+
 
 class PlanEvent(BaseModel):
     """Sent once the data is loaded: how many optimizer steps this run will take."""
@@ -75,7 +77,7 @@ class RankError(BaseModel):
     """What a rank writes to ``errors/rank-<n>.json`` before it exits non-zero."""
 
     rank: int
-    code: str
+    code: ErrorCode
     message: str
     time: str
 

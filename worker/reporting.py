@@ -10,6 +10,7 @@ from typing import IO
 from pydantic import BaseModel
 
 from shared.events import RankError
+from shared.models import ErrorCode
 from shared.storage import RunLayout, write_json_atomic
 
 
@@ -29,6 +30,6 @@ class EventWriter:
             self._file.close()
 
 
-def write_rank_error(layout: RunLayout, *, rank: int, code: str, message: str) -> None:
+def write_rank_error(layout: RunLayout, *, rank: int, code: ErrorCode, message: str) -> None:
     error = RankError(rank=rank, code=code, message=message, time=datetime.now(UTC).isoformat())
     write_json_atomic(layout.errors_dir / f"rank-{rank}.json", json.loads(error.model_dump_json()))

@@ -147,7 +147,7 @@ def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -
     return None
 
 
-def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -> tuple[str, str]:
+def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -> tuple[ErrorCode, str]:
     """Why the ranks failed: a rank a signal ended (``killed``: its peers' errors, a broken
     connection, are only the consequence), else the first rank error by time, else the last
     exception-looking line of the log."""
@@ -157,7 +157,6 @@ def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -
             errors.append(RankError.model_validate_json(path.read_text(encoding="utf-8")))
         except ValueError:
             continue
-    code: str
     if killed is not None:
         code, message = ErrorCode.training_error, f"{killed.describe()} (full log: {layout.log})"
     elif errors:
@@ -512,7 +511,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
                     ending = Ending(JobStatus.queued, ErrorCode.host_error, host_problem)
                     logger.warning("job %s attempt %d: %s", job_id, attempt.number, host_problem)
                 else:
-                    ending = Ending(JobStatus.failed, ErrorCode(code), message)
+                    ending = Ending(JobStatus.failed, code, message)
                     logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
         for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
             logger.info("job %s: removed %s, a save that never finished", job_id, removed)

@@ -25,6 +25,7 @@ from typing import Any
 from shared.deepspeed_auto import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed_config import DeepSpeedConfigError, resolve_deepspeed_config
 from shared.events import MetricEvent, PlanEvent
+from shared.models import ErrorCode
 from shared.spec import TrainingSpec
 from shared.storage import RunLayout
 from worker.errors import InvalidInputError
@@ -353,11 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         train(spec, layout)
     except InvalidInputError as e:
         logger.error("invalid input: %s", e)
-        write_rank_error(layout, rank=rank, code="invalid_input", message=str(e))
+        write_rank_error(layout, rank=rank, code=ErrorCode.invalid_input, message=str(e))
         sys.exit(1)
     except Exception as e:
         traceback.print_exc()
-        write_rank_error(layout, rank=rank, code="training_error", message=f"{type(e).__name__}: {e}")
+        write_rank_error(layout, rank=rank, code=ErrorCode.training_error, message=f"{type(e).__name__}: {e}")
         sys.exit(1)
 
 
