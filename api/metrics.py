@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.db import get_engine
-from shared.lifecycle import live_since, live_worker
+from shared.lifecycle import live_since, live_worker, running_worker
 from shared.models import Job, JobMetric, JobStatus, Worker
 from shared.settings import get_settings
 
@@ -93,9 +93,7 @@ class JobStateCollector(Collector):
                 f["workers"].add_metric([], seen.one())
                 unavailable = session.exec(
                     select(Worker.id, Worker.unavailable).where(
-                        col(Worker.last_seen_at) >= since,
-                        col(Worker.stopped_at).is_(None),
-                        col(Worker.unavailable).is_not(None),
+                        running_worker(since), col(Worker.unavailable).is_not(None)
                     )
                 ).all()
                 for worker_id, reason in unavailable:

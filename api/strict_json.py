@@ -27,6 +27,8 @@ from fastapi.routing import APIRoute
 # A DeepSpeed config is about 4 levels deep inside a job body; 32 leaves plenty of room.
 MAX_DEPTH = 32
 
+TOO_DEEP = f"the body is nested deeper than {MAX_DEPTH} levels: no job field is"
+
 Loc = tuple[str | int, ...]
 
 
@@ -83,7 +85,7 @@ def body_problem(body: bytes) -> BodyProblem | None:
     except _DuplicateKey as e:
         return BodyProblem(("body",), f"the key '{e.key}' appears twice in one JSON object: give each key once")
     except RecursionError:
-        return BodyProblem(("body",), f"the body is nested deeper than {MAX_DEPTH} levels: no job field is")
+        return BodyProblem(("body",), TOO_DEEP)
     except ValueError:
         return None
     # Iteratively, depth first: a body nested thousands deep must not recurse here either.
@@ -91,7 +93,7 @@ def body_problem(body: bytes) -> BodyProblem | None:
     while pending:
         loc, item = pending.pop()
         if len(loc) > MAX_DEPTH + 1:
-            return BodyProblem(loc[:MAX_DEPTH], f"the body is nested deeper than {MAX_DEPTH} levels: no job field is")
+            return BodyProblem(loc[:MAX_DEPTH], TOO_DEEP)
         if isinstance(item, _NotANumber):
             return BodyProblem(loc, f"{item.text} is not a finite number: give a finite number")
         if isinstance(item, str):

@@ -181,23 +181,19 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
         section = _SECTION_OF_MODEL.get(e.title)
         field_loc: tuple[str | int, ...] = ((section,) if section else ()) + tuple(err["loc"])
         raise DeepSpeedConfigError(field_loc, f"DeepSpeed refused this config: {err['msg']}") from None
-    except (AssertionError, ValueError, TypeError, KeyError) as e:
+    except Exception as e:
+        # Whatever DeepSpeed's parser raises on a config (its asserts, its own
+        # DeepSpeedConfigError for a section it removed: nebula, elasticity, ...): the user's
+        # config is all it read, so it is the user's to change, not a server error.
         message = _first_lines(str(e)) or type(e).__name__
         batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-        loc: tuple[str | int, ...] = ()
-        if "batch" in message.lower():
+        loc = _named_section(config, message)  # a section the message names in quotes
+        if not loc and "batch" in message.lower():
             loc = next(((k,) for k in batch_keys if k in config), ("train_batch_size",))
             message += (
                 f" (world size {world_size} = num_gpus: make train_batch_size equal"
                 " train_micro_batch_size_per_gpu x gradient_accumulation_steps x num_gpus)"
             )
-        raise DeepSpeedConfigError(loc, f"DeepSpeed refused this config: {message}") from None
-    except Exception as e:
-        # DeepSpeed's own DeepSpeedConfigError (a section it removed: nebula, elasticity,
-        # curriculum_learning, ...) or whatever else its parser raises on a config: the
-        # user's config is all it read, so it is the user's to change, not a server error.
-        message = _first_lines(str(e)) or type(e).__name__
-        loc = _named_section(config, message)
         raise DeepSpeedConfigError(loc, f"DeepSpeed refused this config: {message}") from None
     return ResolvedBatch(
         world_size=world_size,

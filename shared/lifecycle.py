@@ -235,10 +235,15 @@ def live_since(settings: Settings) -> datetime:
     return utcnow() - timedelta(seconds=settings.worker_seen_seconds)
 
 
+def running_worker(since: datetime) -> ColumnElement[bool]:
+    """The ``workers`` rows of workers that run: seen since ``since`` and not stopped."""
+    return and_(col(Worker.last_seen_at) >= since, col(Worker.stopped_at).is_(None))
+
+
 def live_worker(since: datetime) -> ColumnElement[bool]:
-    """The ``workers`` rows that count as live: seen since ``since``, not stopped, and taking
-    jobs (not ``unavailable``). Only these are routed to and consume their queue."""
-    return and_(col(Worker.last_seen_at) >= since, col(Worker.stopped_at).is_(None), col(Worker.unavailable).is_(None))
+    """The ``workers`` rows that count as live: running and taking jobs (not ``unavailable``).
+    Only these are routed to and consume their queue."""
+    return and_(running_worker(since), col(Worker.unavailable).is_(None))
 
 
 def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | None:

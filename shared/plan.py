@@ -132,7 +132,8 @@ def _count_parameters(
     parameters = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
-    return parameters, trainable, largest, hidden_size_of(config.to_dict()), max_positions_of(config.to_dict())
+    values = config.to_dict()
+    return parameters, trainable, largest, hidden_size_of(values), max_positions_of(values)
 
 
 def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: Settings) -> JobPlan:

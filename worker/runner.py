@@ -120,8 +120,10 @@ def killed_rank(log_text: str, *, killed_by_tuneq: frozenset[int] = frozenset())
     return first
 
 
-# How a write that ran out of disk reads: the OS's ENOSPC, or torch.save's own words for it.
-_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|file write failed", re.IGNORECASE)
+# A write that ran out of disk: the OS's ENOSPC says so; torch.save says only "file write
+# failed", which counts when the worker's own check finds the disk full.
+_NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]")
+_WRITE_FAILED = re.compile(r"file write failed", re.IGNORECASE)
 
 
 def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -> str | None:
@@ -138,7 +140,7 @@ def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -
             "newest checkpoint; if it fails this way again, give it more host memory or offload less "
             "to the CPU (zero_optimization.offload_optimizer / offload_param)"
         )
-    if _DISK_FULL.search(message) and (disk is not None or "No space left" in message or "Errno 28" in message):
+    if _NO_SPACE.search(message) or (disk is not None and _WRITE_FAILED.search(message)):
         return (
             f"the worker's disk filled up while the job wrote to it ({disk or 'No space left on device'}); "
             "its half-written checkpoint was removed, and the job is retried from its newest checkpoint "
@@ -417,7 +419,10 @@ class DatabaseOutage:
         self.delay = POLL_SECONDS
 
     def failed(self, error: Exception) -> bool:
-        """Note a failed poll and wait before the next; False once the lease has run out."""
+        """Note a poll that failed on an unreachable database and wait before the next; False
+        once the lease has run out. Any other error is raised again: it is no outage."""
+        if not is_transient_database_error(error):
+            raise error
         now = time.monotonic()
         if self.since is None:
             self.since = now
@@ -476,8 +481,6 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
                     ingestor.poll(session)
                     status = lease.status(session)
             except Exception as e:
-                if not is_transient_database_error(e):
-                    raise
                 if outage.failed(e):
                     continue
                 process.stop(grace_seconds=0)
@@ -556,8 +559,6 @@ def _record_outcome(attempt: Attempt, ingestor: EventIngestor, ending: Ending, o
                     attempt=attempt.number,
                 )
         except Exception as e:
-            if not is_transient_database_error(e):
-                raise
             if outage.failed(e):
                 continue
             return  # the lease ran out: the reconciler requeues the job
