@@ -16,9 +16,9 @@ from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.read_cache import ReadCache
-from shared.api_keys import hash_key, owner_of_key
-from shared.db import get_engine
-from shared.models import LOCAL_OWNER
+from shared.db.api_keys import hash_key, owner_of_key
+from shared.db.engine import get_engine
+from shared.db.models import LOCAL_OWNER
 from shared.settings import get_settings
 
 

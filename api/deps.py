@@ -8,7 +8,7 @@ from anyio import CancelScope, CapacityLimiter
 from fastapi import Depends
 from sqlmodel import Session
 
-from shared.db import get_engine, get_read_engine
+from shared.db.engine import get_engine, get_read_engine
 from shared.settings import Settings, get_settings
 
 

@@ -12,9 +12,9 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shared.job_events import list_events
-from shared.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
-from shared.models import (
+from shared.db.job_events import list_events
+from shared.db.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
+from shared.db.models import (
     Checkpoint,
     CheckpointKind,
     EventType,
@@ -27,11 +27,11 @@ from shared.models import (
     MetricsPublic,
     Worker,
 )
+from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
+from shared.jobs.spec import JobCreate, TrainingOptions
+from shared.jobs.validation import Hardware, JobValidationError, Problem, settled_training, validate_job_request
 from shared.queue import enqueue_job
 from shared.settings import Settings
-from shared.spec import JobCreate, TrainingOptions
-from shared.storage import CheckpointManifest, RunLayout, tail_lines
-from shared.validation import Hardware, JobValidationError, Problem, settled_training, validate_job_request
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
-from shared.db import init_db, is_transient_database_error
-from shared.deepspeed_config import known_top_level_keys
+from shared.db.engine import init_db, is_transient_database_error
+from shared.deepspeed.config import known_top_level_keys
 
 logger = logging.getLogger(__name__)
 

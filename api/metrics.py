@@ -20,9 +20,9 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.db import get_engine
-from shared.lifecycle import live_since, live_worker, running_worker
-from shared.models import Job, JobMetric, JobStatus, Worker
+from shared.db.engine import get_engine
+from shared.db.lifecycle import live_since, live_worker, running_worker
+from shared.db.models import Job, JobMetric, JobStatus, Worker
 from shared.settings import get_settings
 
 logger = logging.getLogger(__name__)

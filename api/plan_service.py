@@ -18,10 +18,10 @@ from typing import Any
 from sqlmodel import Session
 
 from api.jobs_service import deployment_hardware, resume_from_problems
-from shared.plan import JobPlan, PlanProblems, compute_plan
+from shared.jobs.plan import JobPlan, PlanProblems, compute_plan
+from shared.jobs.spec import JobCreate
+from shared.jobs.validation import JobValidationError, validate_job_request
 from shared.settings import Settings
-from shared.spec import JobCreate
-from shared.validation import JobValidationError, validate_job_request
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _plan_in_child(job_json: str, deepspeed_config: dict[str, Any], settings_jso
 
 def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: str) -> JobPlan:
     """Validate as ``POST /jobs`` does, then work the plan out. Raises JobValidationError."""
-    from shared.validation import Problem
+    from shared.jobs.validation import Problem
 
     hardware = deployment_hardware(session=session, settings=settings)
     resolved = validate_job_request(job_in, settings=settings, hardware=hardware)

@@ -22,10 +22,10 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 from sse_starlette import ServerSentEvent
 
-from shared.db import get_engine
-from shared.job_events import channel, list_events, redis_url
-from shared.models import EventPublic, EventType, Job, JobEvent, JobStatus
-from shared.storage import tail_lines
+from shared.db.engine import get_engine
+from shared.db.job_events import channel, list_events, redis_url
+from shared.db.models import EventPublic, EventType, Job, JobEvent, JobStatus
+from shared.jobs.run_layout import tail_lines
 
 logger = logging.getLogger(__name__)
 

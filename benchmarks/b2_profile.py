@@ -7,7 +7,7 @@ host), the same micro-batches through
 
 - ``padded``: each row padded to the micro-batch's longest, with an attention mask (the HF
   collator's layout);
-- ``padding-free``: tuneq's ``training.padding_free`` (``worker.data.RowCollator``): the rows
+- ``padding-free``: tuneq's ``training.padding_free`` (``worker.rank.batches.RowCollator``): the rows
   end to end in rows of at most ``max_seq_length``, positions restarting, no padding;
 - ``one row at a time``: a forward per row, so no padding and no attention across rows, the
   least compute these samples can take (the reference, not a tuneq layout).
@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from shared.dataset import read_records
-    from shared.tokenized import tokenize_records
-    from shared.training_data import rows_of
-    from worker.data import IGNORE_INDEX, RowCollator, SampleRows
+    from shared.data.prepared import rows_of
+    from shared.data.records import read_records
+    from shared.data.tokenized import tokenize_records
+    from worker.rank.batches import IGNORE_INDEX, RowCollator, SampleRows
 
     torch.set_num_threads(1)
     torch.manual_seed(workload.SEED)

@@ -72,8 +72,8 @@ def _check_body(base_url: str, path: str, headers: dict[str, str] | None = None)
 def _insert_job(database_url: str) -> uuid.UUID:
     from sqlmodel import Session
 
-    from shared.db import make_engine
-    from shared.models import Job, JobStatus
+    from shared.db.engine import make_engine
+    from shared.db.models import Job, JobStatus
 
     engine = make_engine(database_url)
     job = Job(
@@ -114,8 +114,8 @@ def _uvicorn(app: str, port: int) -> list[str]:
 def _create_key(database_url: str, owner: str) -> str:
     from sqlmodel import Session
 
-    from shared.api_keys import create_key
-    from shared.db import make_engine
+    from shared.db.api_keys import create_key
+    from shared.db.engine import make_engine
 
     engine = make_engine(database_url)
     with Session(engine) as session:
@@ -125,7 +125,7 @@ def _create_key(database_url: str, owner: str) -> str:
 
 
 def _serve(port: int) -> list[str]:
-    return [sys.executable, "-m", "shared.cli", "serve", "--port", str(port)]
+    return [sys.executable, "-m", "cli.main", "serve", "--port", str(port)]
 
 
 def run(repeats: int) -> Result:

@@ -72,7 +72,7 @@ def _use_settings(env: dict[str, str]) -> None:
 def _insert_job(engine: Any) -> uuid.UUID:
     from sqlmodel import Session
 
-    from shared.models import Job, JobStatus
+    from shared.db.models import Job, JobStatus
 
     job = Job(
         name="bench-events",
@@ -169,7 +169,7 @@ async def _latency_run(base_url: str, engine: Any, home: Path) -> list[float]:
 
 
 def run(repeats: int) -> list[Result]:
-    from shared.db import make_engine
+    from shared.db.engine import make_engine
 
     database_url = fresh_postgres_schema()
     try:
@@ -186,7 +186,7 @@ def run(repeats: int) -> list[Result]:
             p50s: list[float] = []
             sse_error: str | None = None
             with Server(
-                [sys.executable, "-m", "shared.cli", "serve", "--port", str(port)], env=env, log=log, port=port
+                [sys.executable, "-m", "cli.main", "serve", "--port", str(port)], env=env, log=log, port=port
             ) as api:
                 api.wait_ready("/readyz")
                 try:

@@ -51,7 +51,7 @@ def tuneq_env(*, home: Path, database_url: str, broker_url: str = REDIS_URL) -> 
 def migrate(env: dict[str, str], log: Path) -> None:
     with log.open("ab") as out:
         subprocess.run(
-            [sys.executable, "-m", "shared.cli", "migrate"],
+            [sys.executable, "-m", "cli.main", "migrate"],
             env=env,
             cwd=REPO,
             stdout=out,

@@ -50,7 +50,7 @@ from benchmarks import workload
 from benchmarks.common import REPO
 from benchmarks.results import RESULTS_DIR, machine
 from benchmarks.training_runs import launch_script, metric_times, tuneq_dev
-from shared.samples import build_tiny_model, sample_texts, seed_config
+from cli.samples import build_tiny_model, sample_texts, seed_config
 from worker import launcher
 
 # GPT-Neo 2.7B (EleutherAI/gpt-neo-2.7B's config): 2.7 B parameters.

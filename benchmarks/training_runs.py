@@ -24,10 +24,10 @@ import httpx
 import psutil
 
 from benchmarks.common import Server, keep_log
-from shared.models import TERMINAL_STATUSES
+from shared.db.models import TERMINAL_STATUSES
+from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import Settings
-from shared.storage import RunLayout
 
 # Reading a process's PSS walks its page tables (~0.1 s for a rank under load): sampled once a
 # second, so the sampler's own CPU stays small next to the ranks' (memory peaks last a step).
@@ -197,7 +197,7 @@ def tuneq_dev(work: Path, env: dict[str, str]) -> Iterator[TuneqDev]:
         dev_env.pop(var, None)
     log = work / "tuneq-dev.log"
     port = free_port()
-    argv = [sys.executable, "-m", "shared.cli", "dev", "--port", str(port)]
+    argv = [sys.executable, "-m", "cli.main", "dev", "--port", str(port)]
     with Server(argv, env=dev_env, log=log, port=port) as server:
         server.wait_ready("/readyz")
         try:

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from shared.samples import build_tiny_model, sample_texts, seed_config
+from cli.samples import build_tiny_model, sample_texts, seed_config
 from worker import launcher
 
 HIDDEN_SIZE = 512

@@ -74,7 +74,7 @@ def size_queue(settings: Settings, device_count: int) -> str:
     """The queue the workers with ``device_count`` devices consume: ``tuneq-8gpu``.
 
     One queue per worker size lets a deployment mix hosts: a job goes to the smallest size
-    that fits it (shared.lifecycle.route_job), so an 8-GPU host is not taken by 1-GPU jobs
+    that fits it (shared.db.lifecycle.route_job), so an 8-GPU host is not taken by 1-GPU jobs
     while 1-GPU hosts sit idle. CPU workers count cores as devices.
     """
     return f"{settings.queue}-{device_count}gpu"

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     # Redis redelivers a message not acked within this; jobs run for hours, and a redelivery
     # of a claimed job is a no-op anyway, so the default is long.
     redis_visibility_timeout_seconds: int = 7 * 24 * 3600
-    # Remote datasets (shared.dataset_source). Comma-separated hosts https:// datasets may come
+    # Remote datasets (shared.data.remote). Comma-separated hosts https:// datasets may come
     # from: "data.example.com" (port 443 only), "data.example.com:8443", "*.example.com" (any
     # subdomain, not the apex). Empty: no https:// datasets at all.
     allowed_https_hosts: str = ""
@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     # per line) for a log collector. Training logs in the run directory stay text either way.
     log_format: Literal["text", "json"] = "text"
     # How a worker starts a job's ranks: "warm" forks them from a process that imported torch,
-    # DeepSpeed and transformers while the worker was idle (worker.warm_start; the first step
+    # DeepSpeed and transformers while the worker was idle (worker.rank.warm_start; the first step
     # comes about 10 s sooner); "deepspeed" runs DeepSpeed's own launcher for every job. A
     # worker whose warm start cannot come up uses the launcher anyway.
     launcher: Literal["warm", "deepspeed"] = "warm"

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from shared.samples import build_tiny_model, write_text_dataset
+from cli.samples import build_tiny_model, write_text_dataset
 from tests.services import fresh_postgres_schema
 
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -28,7 +28,7 @@ def require_service(name: str, reason: str) -> None:
 
 
 def clear_caches() -> None:
-    from shared.db import get_engine
+    from shared.db.engine import get_engine
     from shared.queue import get_celery
     from shared.settings import get_settings
 
@@ -120,7 +120,7 @@ def empty_database_url(request: pytest.FixtureRequest, tuneq_home: Path, monkeyp
 @pytest.fixture
 def database_url(empty_database_url: str) -> str:
     """Each test that takes this runs on the embedded SQLite and on a real Postgres, migrated to head."""
-    from shared.db import init_db, migrate_database
+    from shared.db.engine import init_db, migrate_database
 
     migrate_database(empty_database_url)  # the schema comes from the migrations, as in production
     init_db()

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 import psutil
 
-from shared.models import TERMINAL_STATUSES
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from shared.db.models import TERMINAL_STATUSES
 from tests.e2e.harness import Tuneq, wait_gone
 from tests.services import fresh_postgres_schema
 from worker.shm_buffers import BUFFER_PREFIX, SHM_DIR
@@ -43,7 +43,14 @@ logger = logging.getLogger("tuneq.soak")
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TUNEQ_SOAK_REDIS_URL", "redis://127.0.0.1:6379/14")
 # What belongs to a tuneq deployment in the process table (see ARCHITECTURE.md, process model).
-TUNEQ_PROCESS_MARKERS = ("shared.cli", "worker.warm_start", "worker.train", "tuneq rank", "celeryd", "multiprocessing")
+TUNEQ_PROCESS_MARKERS = (
+    "cli.main",
+    "worker.rank.warm_start",
+    "worker.rank.train",
+    "tuneq rank",
+    "celeryd",
+    "multiprocessing",
+)
 
 
 class Requests:

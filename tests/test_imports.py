@@ -1,4 +1,9 @@
-"""The API must start fast and small: neither ``api`` nor ``shared`` pulls in torch on import."""
+"""Which code may load torch is a folder boundary: only ``worker/rank/`` (the training processes).
+
+The API must start fast and small, the worker's main and pool processes stay light until a job
+forks its ranks, and ``tuneq submit`` does not wait seconds for torch: ``api``, ``shared``,
+``cli`` and the rest of ``worker`` import none of the heavy libraries at module level.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,27 @@ import sys
 HEAVY = ("torch", "deepspeed", "transformers")
 
 
-def test_api_and_shared_do_not_import_heavy_libraries() -> None:
+def test_only_worker_rank_imports_heavy_libraries() -> None:
     probe = (
-        "import sys, pkgutil, importlib, api.main, shared, worker\n"
-        "for mod in pkgutil.walk_packages(shared.__path__, 'shared.'):\n"
-        "    importlib.import_module(mod.name)\n"
+        "import sys, pkgutil, importlib, api, shared, cli, worker\n"
+        "for package in (api, shared, cli, worker):\n"
+        "    for mod in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        if not mod.name.startswith('worker.rank'):\n"
+        "            importlib.import_module(mod.name)\n"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"imported at module level: {out.stdout.strip()}"
+
+
+def test_no_package_reaches_another_through_importlib() -> None:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    offenders = [
+        str(path.relative_to(root))
+        for package in ("api", "shared", "cli", "worker")
+        for path in (root / package).rglob("*.py")
+        if any(f'import_module("{p}' in path.read_text() for p in ("api", "shared", "cli", "worker"))
+    ]
+    assert offenders == []

@@ -18,10 +18,10 @@ from pydantic_core import to_json
 from sqlalchemy import JSON, Enum, Table, delete, insert
 from sqlmodel import Session, SQLModel, col, select
 
-from shared.events import CheckpointEvent, MetricEvent, PlanEvent, TrainingEvent, training_event_adapter
-from shared.job_events import wake_streams_on_commit
-from shared.lifecycle import record_progress
-from shared.models import Checkpoint, CheckpointKind, EventType, JobEvent, JobMetric, utcnow
+from shared.db.job_events import wake_streams_on_commit
+from shared.db.lifecycle import record_progress
+from shared.db.models import Checkpoint, CheckpointKind, EventType, JobEvent, JobMetric, utcnow
+from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, TrainingEvent, training_event_adapter
 
 logger = logging.getLogger(__name__)
 

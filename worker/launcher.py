@@ -18,12 +18,12 @@ from typing import Protocol
 
 from shared.ports import free_port
 from shared.settings import Settings
-from worker import warm_start
+from worker.rank import warm_start
 from worker.shm_buffers import remove_job_buffers
 
 logger = logging.getLogger(__name__)
 
-TRAIN_MODULE = "worker.train"
+TRAIN_MODULE = "worker.rank.train"
 # Where DeepSpeed's JIT-compiled ops go (worker.deepspeed_ops): one directory per virtual
 # environment, as a clone with other include paths would rebuild a shared one in turn.
 OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
@@ -52,7 +52,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
 
 
 def start_warm_start(hardware: HostHardware, settings: Settings) -> None:
-    """Bring up the warm start (worker.warm_start) with the environment the ranks will have."""
+    """Bring up the warm start (worker.rank.warm_start) with the environment the ranks will have."""
     env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
     warm_start.warm_up({**env, **settings_environment(settings)})
 
@@ -182,7 +182,7 @@ def launch_ranks(
     warm: bool = False,
 ) -> RankGroup:
     """Start one rank per device: forked from the warm start when ``warm`` and it came up
-    (worker.warm_start), otherwise through DeepSpeed's launcher in its own session."""
+    (worker.rank.warm_start), otherwise through DeepSpeed's launcher in its own session."""
     env = {**rank_environment(hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **(env or {})}
     master_port = free_port()
     zygote = warm_start.warm_ranks() if warm else None

@@ -12,8 +12,8 @@ import logging
 import threading
 from datetime import timedelta
 
-from shared.db import session_scope
-from shared.lifecycle import (
+from shared.db.engine import session_scope
+from shared.db.lifecycle import (
     expired_leases,
     mark_published,
     prune_workers,
@@ -21,7 +21,7 @@ from shared.lifecycle import (
     route_job,
     unpublished_jobs,
 )
-from shared.models import JobStatus, utcnow
+from shared.db.models import JobStatus, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
 

@@ -20,11 +20,8 @@ from typing import Any
 from sqlalchemy import delete
 from sqlmodel import col
 
-from shared.db import is_transient_database_error, session_scope
-from shared.deepspeed_config import missing_packages, wants_fp16
-from shared.deepspeed_safety import sanitize_deepspeed_config
-from shared.events import RankError
-from shared.lifecycle import (
+from shared.db.engine import is_transient_database_error, session_scope
+from shared.db.lifecycle import (
     claim_job,
     finish_job,
     job_status,
@@ -33,16 +30,19 @@ from shared.lifecycle import (
     release_job,
     renew_lease,
 )
-from shared.models import Checkpoint, ErrorCode, EventType, Job, JobMetric, JobStatus
+from shared.db.models import Checkpoint, ErrorCode, EventType, Job, JobMetric, JobStatus
+from shared.deepspeed.config import missing_packages, wants_fp16
+from shared.deepspeed.safety import sanitize_deepspeed_config
+from shared.jobs.events import RankError
+from shared.jobs.run_layout import RunLayout, read_from, tail_lines, write_json_atomic
+from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
+from shared.jobs.validation import FP16_NEEDS_CUDA
 from shared.settings import Settings
-from shared.spec import ResumePoint, TrainingOptions, TrainingSpec
-from shared.storage import RunLayout, read_from, tail_lines, write_json_atomic
-from shared.validation import FP16_NEEDS_CUDA
-from worker import warm_start
 from worker.disk_space import disk_problem
 from worker.ingest import EventIngestor
-from worker.inputs import DownloadProgress, InputProblem, local_dataset
+from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import HostHardware, RankGroup, launch_ranks, settings_environment
+from worker.rank import warm_start
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
+from shared.jobs.spec import ResumePoint
 from shared.settings import Settings
-from shared.spec import ResumePoint
-from shared.storage import CheckpointManifest, RunLayout, tail_lines
-from worker.inputs import InputProblem
+from worker.job_inputs import InputProblem
 
 logger = logging.getLogger(__name__)
 

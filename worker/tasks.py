@@ -20,8 +20,8 @@ import psutil
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
 
-from shared.db import init_db, session_scope
-from shared.lifecycle import (
+from shared.db.engine import init_db, session_scope
+from shared.db.lifecycle import (
     mark_unpublished,
     register_worker,
     set_worker_idle,
@@ -139,7 +139,7 @@ def _on_shutting_down(**_kwargs: Any) -> None:
 @worker_process_init.connect
 def _on_process_init(**_kwargs: Any) -> None:
     # Engines hold connection pools; a forked child must not share its parent's sockets.
-    from shared.db import get_engine
+    from shared.db.engine import get_engine
 
     get_engine().dispose(close=False)
     # The warm start belongs to the pool process that runs the jobs; it imports while idle.

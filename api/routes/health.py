@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 
 from api.metrics import exposition
-from shared.db import get_engine
+from shared.db.engine import get_engine
 from shared.queue import broker_reachable
 
 logger = logging.getLogger(__name__)

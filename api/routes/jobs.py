@@ -16,9 +16,9 @@ from api.jobs_service import JobAnswer
 from api.read_cache import ReadCache
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
-from shared.db import get_read_engine
-from shared.lifecycle import JobFinishedError
-from shared.models import (
+from shared.db.engine import get_read_engine
+from shared.db.lifecycle import JobFinishedError
+from shared.db.models import (
     CheckpointPublic,
     CheckpointsPublic,
     EventPublic,
@@ -30,11 +30,11 @@ from shared.models import (
     LogsPublic,
     MetricsPublic,
 )
-from shared.plan import JobPlan
+from shared.jobs.plan import JobPlan
+from shared.jobs.run_layout import RunLayout
+from shared.jobs.spec import JobCreate
+from shared.jobs.validation import JobValidationError
 from shared.settings import get_settings
-from shared.spec import JobCreate
-from shared.storage import RunLayout
-from shared.validation import JobValidationError
 
 # Every route takes the owner (OwnerDep), which is what asks for the caller's key (or finds auth
 # off), and scopes what it reads by it. Not also a router-wide dependency: FastAPI would solve it

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.samples import seed_config
+from cli.samples import seed_config
 
 
 @pytest.fixture

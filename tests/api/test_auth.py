@@ -23,12 +23,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlmodel import Session, select
 
-from shared.api_keys import create_key, is_loopback
-from shared.db import get_engine
-from shared.models import ApiKey, Job
+from shared.db.api_keys import create_key, is_loopback
+from shared.db.engine import get_engine
+from shared.db.models import ApiKey, Job
+from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import get_settings
-from shared.storage import RunLayout
 
 MISSING = "not found"
 
@@ -205,7 +205,7 @@ def test_every_job_route_asks_for_a_key(app_client: TestClient) -> None:
 def test_a_revoked_key_is_401_within_key_cache_seconds_and_keys_are_stored_hashed(
     app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared.api_keys import revoke_key
+    from shared.db.api_keys import revoke_key
 
     auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="0.2")
     with Session(get_engine()) as session:
@@ -229,7 +229,7 @@ def test_a_revoked_key_is_401_within_key_cache_seconds_and_keys_are_stored_hashe
 def test_a_valid_key_is_looked_up_once_per_key_cache_seconds(
     app_client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared.api_keys import revoke_key
+    from shared.db.api_keys import revoke_key
 
     auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="600")  # far longer than the test: what is kept stays
     with Session(get_engine()) as session:
@@ -273,7 +273,7 @@ def test_concurrent_submits_do_not_pass_the_active_job_limit(
     database_url: str, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
 ) -> None:
     from api.jobs_service import ActiveJobLimitError, create_job
-    from shared.spec import JobCreate
+    from shared.jobs.spec import JobCreate
 
     monkeypatch.setenv("TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER", "2")
     get_settings.cache_clear()
@@ -353,7 +353,7 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
 
 def tuneq(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "cli.main", *args], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -415,7 +415,7 @@ def test_serve_off_loopback_requires_keys(tuneq_home: Path) -> None:
     log = tuneq_home / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "serve", "--host", "0.0.0.0", "--port", str(port)],
+            [sys.executable, "-m", "cli.main", "serve", "--host", "0.0.0.0", "--port", str(port)],
             env=process_env(),  # TUNEQ_AUTH unset: auto, so on off loopback
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -447,7 +447,7 @@ def test_last_used_at_is_written_at_most_once_a_resolution(
     # A key's every look-up reads it; only the first of each LAST_USED_RESOLUTION writes it.
     from datetime import timedelta
 
-    from shared import api_keys
+    from shared.db import api_keys
 
     auth_on(monkeypatch, TUNEQ_KEY_CACHE_SECONDS="0")  # every request looks its key up
     with Session(get_engine()) as session:

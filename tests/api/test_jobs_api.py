@@ -14,10 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from shared.db import get_engine
-from shared.models import Job, JobStatus, Worker, utcnow
-from shared.samples import seed_config
-from shared.storage import RunLayout
+from cli.samples import seed_config
+from shared.db.engine import get_engine
+from shared.db.models import Job, JobStatus, Worker, utcnow
+from shared.jobs.run_layout import RunLayout
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_metrics_come_a_page_at_a_time_or_downsampled_for_a_chart(client: TestCl
     """A 200 000-step run used to answer every row on every call."""
     from sqlalchemy import insert
 
-    from shared.models import JobEvent, JobMetric, utcnow
+    from shared.db.models import JobEvent, JobMetric, utcnow
 
     job_id = client.post("/jobs", json=body).json()["id"]
     with Session(get_engine()) as session:
@@ -163,7 +163,7 @@ def test_metrics_come_a_page_at_a_time_or_downsampled_for_a_chart(client: TestCl
     assert page(points=5000)["data"][0]["step"] == 1 and len(page(points=5000, limit=3000)["data"]) == 2500
     assert client.get(f"/jobs/{job_id}/metrics", params={"limit": 10_001}).status_code == 422
     # The client pages through them the same way.
-    from shared.client import ClientSettings, TuneqClient
+    from cli.client import ClientSettings, TuneqClient
 
     def through_the_app(request: httpx.Request) -> httpx.Response:
         answer = client.request(request.method, str(request.url), headers=request.headers, content=request.content)

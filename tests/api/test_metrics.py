@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import Session
 
-from shared.db import get_engine
-from shared.models import Job, JobMetric, JobStatus, Worker, utcnow
-from shared.samples import seed_config
+from cli.samples import seed_config
+from shared.db.engine import get_engine
+from shared.db.models import Job, JobMetric, JobStatus, Worker, utcnow
 
 
 @pytest.fixture

@@ -198,8 +198,8 @@ def test_hostile_bodies_are_a_422_naming_the_place_and_leave_no_row(
 ) -> None:
     from sqlmodel import Session, func, select
 
-    from shared.db import get_engine
-    from shared.models import Job
+    from shared.db.engine import get_engine
+    from shared.db.models import Job
 
     client = TestClient(create_app(), raise_server_exceptions=False)
     content = _with(body, *path, raw=raw).encode("utf-8", "surrogatepass")

@@ -11,10 +11,10 @@ import pytest
 from sqlmodel import Session
 
 from api import streams
-from shared.db import get_engine
-from shared.lifecycle import record_event
-from shared.models import EventPublic, EventType, JobStatus
-from tests.shared.test_lifecycle import new_job
+from shared.db.engine import get_engine
+from shared.db.lifecycle import record_event
+from shared.db.models import EventPublic, EventType, JobStatus
+from tests.shared.db.test_lifecycle import new_job
 
 
 def add_events(job_id: uuid.UUID, *data: dict[str, Any], type: EventType = EventType.metric) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import psutil
 
-from shared.models import TERMINAL_STATUSES
+from shared.db.models import TERMINAL_STATUSES
 from shared.ports import free_port
 
 
@@ -25,7 +25,7 @@ class Tuneq:
         self, *, home: Path, env: dict[str, str] | None = None, split: bool = False, cwd: Path | None = None
     ) -> None:
         """``cwd``: start the processes there through the installed ``tuneq`` command, as a user
-        would (by default ``python -m shared.cli`` from the tests' own directory)."""
+        would (by default ``python -m cli.main`` from the tests' own directory)."""
         self.home = home
         self.cwd = cwd
         self.port = free_port()
@@ -45,9 +45,7 @@ class Tuneq:
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as home_log:
-            command = (
-                [str(Path(sys.executable).with_name("tuneq"))] if self.cwd else [sys.executable, "-m", "shared.cli"]
-            )
+            command = [str(Path(sys.executable).with_name("tuneq"))] if self.cwd else [sys.executable, "-m", "cli.main"]
             process = subprocess.Popen(
                 [*command, *args],
                 cwd=self.cwd,
@@ -63,7 +61,7 @@ class Tuneq:
         """``tuneq migrate``, as a deployment runs it before starting ``serve`` and ``worker``."""
         with self.log.open("ab") as home_log:
             subprocess.run(
-                [sys.executable, "-m", "shared.cli", "migrate"],
+                [sys.executable, "-m", "cli.main", "migrate"],
                 env=self.env,
                 stdout=home_log,
                 stderr=subprocess.STDOUT,
@@ -74,7 +72,7 @@ class Tuneq:
     def create_key(self, owner: str) -> str:
         """``tuneq keys create --owner OWNER`` against this deployment's database: the key."""
         created = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "keys", "create", "--owner", owner],
+            [sys.executable, "-m", "cli.main", "keys", "create", "--owner", owner],
             env=self.env,
             capture_output=True,
             text=True,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.ports import free_port
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
 
 from .harness import Tuneq
 
@@ -56,7 +56,7 @@ def tuneq(
     service: Tuneq | None, workdir: Path, *args: str, timeout: float = 60, api_key: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=workdir,
         env=_env(service, api_key),
         capture_output=True,
@@ -151,8 +151,8 @@ def test_cancel_ends_a_follow_with_cancelled(service: Tuneq, home: Path, workdir
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     popen = {"cwd": workdir, "env": _env(service), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    follow = subprocess.Popen([sys.executable, "-m", "shared.cli", "show", job_id, "--follow"], text=True, **popen)
-    logs = subprocess.Popen([sys.executable, "-m", "shared.cli", "logs", job_id, "--follow"], text=True, **popen)
+    follow = subprocess.Popen([sys.executable, "-m", "cli.main", "show", job_id, "--follow"], text=True, **popen)
+    logs = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", job_id, "--follow"], text=True, **popen)
     try:
         assert service.wait(job_id, until={"running"}, timeout=300)["status"] == "running"
         _wait_for_step(service, job_id)

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.ports import free_port
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import fresh_postgres_schema
 
 from .harness import Tuneq, wait_gone

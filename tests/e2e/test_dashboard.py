@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared.samples import seed_config
+from cli.samples import seed_config
 from tests.conftest import require_service
 
 from .harness import Tuneq

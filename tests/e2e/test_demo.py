@@ -18,7 +18,7 @@ def test_demo_runs_the_seed_job_and_stops_the_service(tmp_path: Path) -> None:
     for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL", "TUNEQ_ALLOWED_ROOTS"):
         env.pop(var, None)
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "demo"], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "cli.main", "demo"], env=env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "loss curve:" in result.stdout and "step   40" in result.stdout

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import fresh_postgres_schema
 
 from .harness import Tuneq, wait_gone
@@ -136,7 +136,7 @@ def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ra
 
 def test_a_sequence_length_past_a_local_models_limit_is_refused_at_submit(embedded: Tuneq, home: Path) -> None:
     """It used to be accepted and to fail the job at step 0; the ranks still check it for hub
-    models (tests/worker/test_model_loading.py)."""
+    models (tests/worker/rank/test_model_loading.py)."""
     response = embedded.client.post("/jobs", json=body(home, training={"max_steps": 3, "max_seq_length": 4096}))
     assert response.status_code == 422, response.text
     problem = response.json()["detail"][0]
@@ -158,7 +158,7 @@ def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Pa
         assert time.monotonic() < deadline, service.log_tail()
         time.sleep(0.5)
     tree = service.descendants()
-    assert any("worker.train" in " ".join(p.cmdline()) for p in tree), "no rank among the service's processes"
+    assert any("worker.rank.train" in " ".join(p.cmdline()) for p in tree), "no rank among the service's processes"
     dev = service.processes[0]
     dev.send_signal(signal.SIGTERM)
     dev.wait(timeout=60)
@@ -240,7 +240,7 @@ def test_postgres_and_redis_with_separate_api_and_worker(
 
 def test_a_hugging_face_docs_config_with_auto_values(embedded: Tuneq, home: Path) -> None:
     """The ZeRO-3 config from the Hugging Face docs, "auto" everywhere, on 2 ranks."""
-    from tests.shared.test_deepspeed_auto import HF_ZERO3
+    from tests.shared.deepspeed.test_auto_values import HF_ZERO3
 
     training = {
         "epochs": 20,

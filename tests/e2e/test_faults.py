@@ -15,7 +15,7 @@ import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import DatabaseLink, fresh_postgres_schema
 
 from .harness import Tuneq, wait_gone

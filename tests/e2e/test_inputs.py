@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.samples import (
+from cli.samples import (
     build_tiny_model,
     seed_config,
     write_messages_dataset,

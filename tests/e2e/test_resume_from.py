@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shared.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, seed_config, write_text_dataset
 
 from .harness import Tuneq
 

@@ -46,7 +46,7 @@ def test_text_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
 
 def run_tuneq(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "migrate"],
+        [sys.executable, "-m", "cli.main", "migrate"],
         env={**os.environ, "TUNEQ_HOME": str(tmp_path), "TUNEQ_DATABASE_URL": "", **env},
         capture_output=True,
         text=True,
@@ -58,7 +58,7 @@ def test_a_server_command_logs_json_when_asked(tmp_path: Path) -> None:
     result = run_tuneq(tmp_path, TUNEQ_LOG_FORMAT="json")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stderr.splitlines()]
-    assert any(r["logger"] == "shared.db" and "migrating" in r["message"] for r in records)
+    assert any(r["logger"] == "shared.db.engine" and "migrating" in r["message"] for r in records)
 
 
 def test_a_bad_setting_names_the_variable_without_a_traceback(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Processes started together (an API and workers) migrate the embedded database and create
-the broker queue without tripping over each other (tests/shared/test_migrations.py checks the
+the broker queue without tripping over each other (tests/shared/db/test_migrations.py checks the
 migrated schema)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 STARTUP = (
-    "from shared.db import init_db; from shared.queue import declare_embedded_queue; "
+    "from shared.db.engine import init_db; from shared.queue import declare_embedded_queue; "
     "init_db(); declare_embedded_queue('tuneq-2gpu')"
 )
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, col, select
 
-from shared.db import get_engine
-from shared.events import MetricEvent
-from shared.models import Checkpoint, Job, JobEvent, JobMetric
-from tests.shared.test_lifecycle import new_job
+from shared.db.engine import get_engine
+from shared.db.models import Checkpoint, Job, JobEvent, JobMetric
+from shared.jobs.events import MetricEvent
+from tests.shared.db.test_lifecycle import new_job
 from worker.ingest import EventIngestor
 
 
@@ -109,8 +109,8 @@ WORKER_RECORDS_A_METRIC = """
 import sys, uuid
 from pathlib import Path
 from sqlmodel import Session
-from shared.db import get_engine
-from shared.events import MetricEvent
+from shared.db.engine import get_engine
+from shared.jobs.events import MetricEvent
 from worker.ingest import EventIngestor
 assert "api" not in sys.modules
 job_id, events = uuid.UUID(sys.argv[1]), Path(sys.argv[2])
@@ -125,7 +125,7 @@ def test_the_worker_wakes_event_streams_through_redis(
 ) -> None:
     import redis
 
-    from shared.job_events import channel
+    from shared.db.job_events import channel
 
     job = new_job()
     subscriber = redis.Redis.from_url(redis_url).pubsub()

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
-from shared.db import get_engine
-from shared.models import Job, JobStatus
-from shared.samples import seed_config
+from cli.samples import seed_config
+from shared.db.engine import get_engine
+from shared.db.models import Job, JobStatus
+from shared.jobs.run_layout import RunLayout
 from shared.settings import get_settings
-from shared.storage import RunLayout
 from worker.launcher import HostHardware, deepspeed_arch_list, launch_command, rank_environment
 from worker.runner import failure_from_ranks, hardware_problem, host_failure, killed_rank, run_job
 
@@ -61,7 +61,7 @@ WARM_EXITS = (
     "tuneq warm start: rank 0 (pid 4241) exited with status -15\n"
 )
 LAUNCHER_EXIT = (
-    "[launch.py:259:sigkill_handler] ['/venv/bin/python', '-u', '-m', 'worker.train', '--local_rank=1', "
+    "[launch.py:259:sigkill_handler] ['/venv/bin/python', '-u', '-m', 'worker.rank.train', '--local_rank=1', "
     "'--spec', '/runs/x/spec.json'] exits with return code = -9\n"
 )
 
@@ -102,7 +102,7 @@ def test_launch_command_is_deepspeeds_launcher(tmp_path: Path) -> None:
         "--master_port",
         "29511",
         "--module",
-        "worker.train",
+        "worker.rank.train",
         "--spec",
         str(tmp_path / "spec.json"),
     ]
@@ -153,7 +153,7 @@ def test_out_of_memory_failures_get_advice(tmp_path: Path) -> None:
 
 
 def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
-    from shared.storage import CheckpointManifest
+    from shared.jobs.run_layout import CheckpointManifest
 
     layout = RunLayout(tmp_path)
     for step, complete in ((10, True), (20, True), (30, False)):  # 30: killed during its save
@@ -170,7 +170,7 @@ def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
 
 
 def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url: str) -> None:
-    from shared.lifecycle import claim_job
+    from shared.db.lifecycle import claim_job
     from worker.runner import prepare_attempt
 
     config = {**seed_config(fp16=False), "tensorboard": {"enabled": True, "output_path": "/etc/evil"}}
@@ -180,7 +180,7 @@ def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url
         session.commit()
         claimed = claim_job(session=session, job_id=job.id, worker_id="w", lease_ttl=60)
     assert claimed is not None
-    from shared.deepspeed_safety import sanitize_deepspeed_config
+    from shared.deepspeed.safety import sanitize_deepspeed_config
 
     layout = RunLayout.for_job(get_settings(), job.id)
     sanitized, unsafe = sanitize_deepspeed_config(config, run_dir=str(layout.root))

@@ -1,0 +1,146 @@
+"""A job's training data as the run will see it: tokenized, split, packed into rows, counted.
+
+Rows decide the steps: an optimizer step takes train_batch_size rows, so packing (several
+samples a row) makes fewer steps. How a micro-batch's rows become one tensor (padded, or
+end to end with ``padding_free``) is the collator's business and changes no count.
+
+Torch-free: the ranks use it to build their loaders, and the plan endpoint uses it to say
+how many steps a job will take without starting one. Both therefore count the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.data.records import DatasetError
+from shared.data.tokenized import DatasetStats, TokenizedSamples, prepare_tokenized
+from shared.jobs.spec import TrainingOptions
+
+
+@dataclass
+class TrainingData:
+    train: TokenizedSamples
+    train_stats: DatasetStats
+    validation: TokenizedSamples | None
+    validation_stats: DatasetStats | None
+    packing: bool
+    padding_free: bool
+    rows: list[list[int]]  # sample indices per training row
+    validation_rows: list[list[int]] | None
+
+    def stats(self) -> dict[str, Any]:
+        """What the job shows as ``dataset_stats``."""
+        return {
+            "train": self.train_stats.model_dump(),
+            "validation": self.validation_stats.model_dump() if self.validation_stats else None,
+            "validation_samples": len(self.validation) if self.validation is not None else 0,
+            "packing": self.packing,
+            "padding_free": self.padding_free,
+            "rows": len(self.rows),
+        }
+
+
+def split_samples(samples: TokenizedSamples, share: float, *, seed: int) -> tuple[TokenizedSamples, TokenizedSamples]:
+    """(train, validation): a seeded random ``share`` of the samples held out, the same on every rank."""
+    order = np.random.default_rng(seed).permutation(len(samples))
+    held_out = max(1, round(len(samples) * share))
+    if held_out >= len(samples):
+        raise DatasetError(
+            f"training.validation_split {share} of {len(samples)} samples leaves nothing to train on: lower it"
+        )
+    return samples.select(np.sort(order[held_out:])), samples.select(np.sort(order[:held_out]))
+
+
+def pack_rows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Group sample indices into rows of at most ``capacity`` tokens: best fit, longest first.
+
+    ``free[c]`` lists the open rows with exactly c tokens of room, so each sample finds the
+    tightest row by scanning room sizes upward from its own length.
+    """
+    free: list[list[int]] = [[] for _ in range(capacity + 1)]
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in np.argsort(-lengths, kind="stable"):
+        length = int(lengths[index])
+        target = next((c for c in range(length, capacity + 1) if free[c]), None)
+        if target is None:
+            rows.append([])
+            room.append(capacity)
+            row = len(rows) - 1
+        else:
+            row = free[target].pop()
+        rows[row].append(int(index))
+        room[row] -= length
+        free[room[row]].append(row)
+    return rows
+
+
+def rows_of(samples: TokenizedSamples, *, packing: bool, max_seq_length: int) -> list[list[int]]:
+    return pack_rows(samples.lengths, max_seq_length) if packing else [[i] for i in range(len(samples))]
+
+
+def count_steps_per_epoch(rows: int, *, world_size: int, micro_batch: int, accumulation: int) -> int:
+    """Optimizer steps in one pass: every rank gets rows // world_size rows (the rest are
+    dropped, so ranks stay in step), in whole micro-batches, in whole accumulations."""
+    return rows // world_size // micro_batch // accumulation
+
+
+def count_total_steps(steps_per_epoch: int, options: TrainingOptions) -> int:
+    """The optimizer steps of the run: ``max_steps`` when set (the data repeats as needed, as
+    the Hugging Face Trainer's ``max_steps`` overrides its epochs), else ``epochs`` of data."""
+    return options.max_steps if options.max_steps is not None else steps_per_epoch * options.epochs
+
+
+def count_epochs(steps_per_epoch: int, total_steps: int) -> int:
+    """The passes over the data (the last one possibly partial) that ``total_steps`` takes."""
+    return -(-total_steps // steps_per_epoch)
+
+
+def load_training_data(
+    *,
+    dataset: Path,
+    validation_dataset: Path | None,
+    options: TrainingOptions,
+    tokenizer: Any,
+    cache_dir: Path,
+) -> TrainingData:
+    """Raises DatasetError (naming ``dataset`` or ``validation_dataset``) or TokenizationError."""
+
+    def load(path: Path, what: str, dataset_format: Any) -> tuple[TokenizedSamples, DatasetStats]:
+        try:
+            samples, stats = prepare_tokenized(
+                path,
+                tokenizer,
+                dataset_format=dataset_format,
+                max_seq_length=options.seq_length,
+                cache_root=cache_dir / "tokenized",
+            )
+        except DatasetError as e:
+            raise DatasetError(f"{what}: {e}", e.problems) from None
+        if len(samples) == 0:
+            raise DatasetError(f"{what}: no record has anything to train on (two or more tokens, a target token)")
+        return samples, stats
+
+    train, train_stats = load(dataset, "dataset", options.dataset_format)
+    validation, validation_stats = None, None
+    if validation_dataset is not None:
+        validation, validation_stats = load(validation_dataset, "validation_dataset", train_stats.format)
+    elif options.validation_split is not None:
+        train, validation = split_samples(train, options.validation_split, seed=options.seed)
+    packing = options.packing if options.packing is not None else train_stats.format == "text"
+    return TrainingData(
+        train=train,
+        train_stats=train_stats,
+        validation=validation,
+        validation_stats=validation_stats,
+        packing=packing,
+        padding_free=options.padding_free,
+        rows=rows_of(train, packing=packing, max_seq_length=options.seq_length),
+        validation_rows=(
+            rows_of(validation, packing=packing, max_seq_length=options.seq_length) if validation is not None else None
+        ),
+    )

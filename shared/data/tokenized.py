@@ -1,0 +1,312 @@
+"""Records to token ids with loss targets, cached on disk, with the statistics of the pass.
+
+The training ranks and the plan endpoint run the same code (the API in a child process, as
+the tokenizer brings torch in), so a plan's numbers are a real run's. Nothing here imports
+transformers: callers pass a loaded tokenizer.
+
+A tokenized dataset is three flat arrays: every sample's ids back to back, a 0/1 target per
+token (1 where the token is predicted and counted in the loss), and the sample offsets. The
+cache key is (dataset content, tokenizer, format, sequence length, this code's version), so a
+re-run or a resume finds the arrays and never tokenizes again; ranks and concurrent jobs
+serialise on a file lock, and the first builds what the others then read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from shared.data.records import DatasetFormat, Records
+
+logger = logging.getLogger(__name__)
+
+# Bump when the way records become ids or targets changes: old cache entries are then unused.
+TOKENIZATION_VERSION = 1
+BATCH = 1000  # records per tokenizer call: fast tokenizers work through a batch in parallel
+
+
+class TokenizationError(ValueError):
+    """The records cannot be tokenized as asked (e.g. a chat format without a chat template)."""
+
+
+class DatasetStats(BaseModel):
+    """What the validation pass found. ``tokens`` and ``target_tokens`` count after truncation."""
+
+    format: DatasetFormat
+    records: int
+    samples: int  # records kept: a record with nothing to predict after truncation is dropped
+    tokens: int
+    target_tokens: int
+    truncated: int  # records longer than max_seq_length, cut to it
+    dropped: int
+    longest: int  # tokens in the longest record, before truncation
+    max_seq_length: int
+    cached: bool = False  # found in the cache, not tokenized in this run
+
+
+@dataclass(frozen=True)
+class TokenizedSamples:
+    tokens: np.ndarray  # int32, every sample's ids back to back
+    targets: np.ndarray  # uint8, 1 where the token is a label
+    offsets: np.ndarray  # int64, len(samples) + 1
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return self.tokens[start:end], self.targets[start:end]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def select(self, indices: np.ndarray) -> TokenizedSamples:
+        """A new set of the given samples, in that order (used for the validation split)."""
+        pieces = [self.sample(int(i)) for i in indices]
+        lengths = np.array([len(ids) for ids, _ in pieces], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        tokens = np.concatenate([ids for ids, _ in pieces]) if pieces else np.zeros(0, np.int32)
+        targets = np.concatenate([t for _, t in pieces]) if pieces else np.zeros(0, np.uint8)
+        return TokenizedSamples(tokens.astype(np.int32), targets.astype(np.uint8), offsets)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dataset_sha256(path: Path, *, memo_dir: Path) -> str:
+    """The file's SHA-256, read once per version of the file.
+
+    Every rank of every attempt (and the API's plan) asks; hashing a multi-GB dataset each
+    time would hold up every start. A version is (path, size, mtime, inode): a file rewritten
+    or replaced gets a new one and so is hashed again.
+    """
+    st = path.stat()
+    version = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    memo = memo_dir / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.sha256"
+    with _locked(memo.with_suffix(".lock")):  # one rank hashes, the others wait and read
+        if memo.is_file():
+            known = memo.read_text(encoding="ascii").strip()
+            if len(known) == 64:
+                return known
+        digest = file_sha256(path)
+        staging = memo.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(digest, encoding="ascii")
+        os.replace(staging, memo)
+        return digest
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Identifies what the tokenizer does to text: vocabulary, rules, special tokens, template."""
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(json.dumps([tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.chat_template]).encode())
+    return digest.hexdigest()
+
+
+# --- records to (ids, targets) ---------------------------------------------------------------
+
+
+def _text_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+    eos = tokenizer.eos_token_id
+    for ids in tokenizer([r["text"] for r in rows], add_special_tokens=True)["input_ids"]:
+        # End each sample with EOS so the model learns where a text stops.
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids = [*ids, eos]
+        yield ids, [1] * len(ids)
+
+
+def _prompt_completion_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+    eos = tokenizer.eos_token_id
+    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=True)["input_ids"]
+    completions = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if eos is not None:
+            completion = [*completion, eos]
+        yield [*prompt, *completion], [0] * len(prompt) + [1] * len(completion)
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns.
+
+    A turn's span is what rendering it adds to the conversation before it (with the
+    generation prompt), so the template's own markup around the reply is not trained on.
+    """
+
+    def render(upto: int, *, generation_prompt: bool = False) -> str:
+        if upto == 0:
+            return ""
+        text = tokenizer.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
+        assert isinstance(text, str)
+        return text
+
+    full = render(len(messages))
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, through = render(i, generation_prompt=True), render(i + 1)
+        if not (full.startswith(through) and through.startswith(before)):
+            raise TokenizationError(
+                "the tokenizer's chat template does not render a conversation turn by turn, so "
+                "assistant turns cannot be found: use the prompt_completion format instead"
+            )
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def _messages_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise TokenizationError(
+            "the model's tokenizer has no chat template, which the messages format needs: use a "
+            "chat model, or the prompt_completion format"
+        )
+    rendered = [assistant_spans(tokenizer, r["messages"]) for r in rows]
+    # The template writes the special tokens (BOS and turn markers) itself.
+    encoded = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
+    for ids, offsets, (_, spans) in zip(encoded["input_ids"], encoded["offset_mapping"], rendered, strict=True):
+        targets = [int(any(start <= begin < end for start, end in spans)) for begin, _ in offsets]
+        yield list(ids), targets
+
+
+SAMPLERS = {"text": _text_samples, "prompt_completion": _prompt_completion_samples, "messages": _messages_samples}
+
+
+def tokenize_records(records: Records, tokenizer: Any, *, max_seq_length: int) -> tuple[TokenizedSamples, DatasetStats]:
+    to_samples = SAMPLERS[records.format]
+    tokens: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    lengths: list[int] = []
+    truncated = dropped = longest = 0
+    for start in range(0, len(records.rows), BATCH):
+        for ids, target in to_samples(tokenizer, records.rows[start : start + BATCH]):
+            longest = max(longest, len(ids))
+            if len(ids) > max_seq_length:
+                truncated += 1
+                ids, target = ids[:max_seq_length], target[:max_seq_length]
+            # The first token is never predicted (nothing comes before it).
+            if len(ids) < 2 or not any(target[1:]):
+                dropped += 1
+                continue
+            tokens.append(np.asarray(ids, dtype=np.int32))
+            targets.append(np.asarray(target, dtype=np.uint8))
+            lengths.append(len(ids))
+    samples = TokenizedSamples(
+        tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
+        targets=np.concatenate(targets) if targets else np.zeros(0, np.uint8),
+        offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+    )
+    stats = DatasetStats(
+        format=records.format,
+        records=len(records),
+        samples=len(samples),
+        tokens=int(samples.tokens.size),
+        target_tokens=int(samples.targets.sum()),
+        truncated=truncated,
+        dropped=dropped,
+        longest=longest,
+        max_seq_length=max_seq_length,
+    )
+    return samples, stats
+
+
+# --- the cache -------------------------------------------------------------------------------
+
+ARRAYS = ("tokens", "targets", "offsets")
+
+
+def cache_key(*, data_sha256: str, tokenizer: Any, dataset_format: str, max_seq_length: int) -> str:
+    parts = {
+        "version": TOKENIZATION_VERSION,
+        "data": data_sha256,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "format": dataset_format,
+        "max_seq_length": max_seq_length,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _load(entry: Path) -> tuple[TokenizedSamples, DatasetStats] | None:
+    if not (entry / "stats.json").is_file():
+        return None
+    # Memory-mapped: ranks on one host share the pages instead of holding a copy each.
+    arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+    stats = DatasetStats.model_validate_json((entry / "stats.json").read_text(encoding="utf-8"))
+    return TokenizedSamples(**arrays), stats.model_copy(update={"cached": True})
+
+
+def _store(entry: Path, samples: TokenizedSamples, stats: DatasetStats) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    try:
+        for name in ARRAYS:
+            np.save(staging / f"{name}.npy", getattr(samples, name))
+        (staging / "stats.json").write_text(stats.model_dump_json(), encoding="utf-8")
+        os.replace(staging, entry)  # readers see a whole entry or none
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def prepare_tokenized(
+    path: Path,
+    tokenizer: Any,
+    *,
+    dataset_format: DatasetFormat | None,
+    max_seq_length: int,
+    cache_root: Path,
+) -> tuple[TokenizedSamples, DatasetStats]:
+    """The dataset's samples from the cache, or read, checked, tokenized and cached now.
+
+    Raises DatasetError for bad records and TokenizationError for a format the tokenizer
+    cannot serve; both carry messages for the user.
+    """
+    from shared.data.records import detect_file_format, read_records
+
+    data_sha256 = dataset_sha256(path, memo_dir=cache_root / "hashes")
+    # The format is part of the key; when it is detected, detection is cheap next to hashing.
+    chosen = dataset_format or detect_file_format(path)
+    key = cache_key(data_sha256=data_sha256, tokenizer=tokenizer, dataset_format=chosen, max_seq_length=max_seq_length)
+    entry = cache_root / key
+    with _locked(cache_root / f"{key}.lock"):
+        cached = _load(entry)
+        if cached is not None:
+            logger.info("tokenized %s found in the cache (%s)", path.name, key)
+            return cached
+        records = read_records(path, dataset_format=chosen)
+        samples, stats = tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
+        _store(entry, samples, stats)
+        logger.info("tokenized %s: %d samples, %d tokens (%s)", path.name, stats.samples, stats.tokens, key)
+        return samples, stats

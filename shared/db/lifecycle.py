@@ -1,0 +1,322 @@
+"""Every job state transition, each one conditional UPDATE that names the state it leaves.
+
+The API (submit, cancel) and the worker (claim, lease, finish, requeue) both move jobs; doing
+it only here, with the status event written in the same transaction, keeps the state machine
+in one place (ARCHITECTURE.md, "Job state machine").
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, delete, update
+from sqlmodel import Session, col, or_, select
+
+# Imported for its SQLAlchemy listeners: every process that records events here (the API and the
+# workers' ingest) publishes the Redis wake-ups that event streams wait on, after each commit.
+import shared.db.job_events  # noqa: F401
+from shared.db.models import ErrorCode, EventType, Job, JobEvent, JobStatus, Worker, utcnow
+from shared.queue import size_queue
+from shared.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+ACTIVE = (JobStatus.running, JobStatus.cancelling)
+
+
+class JobFinishedError(Exception):
+    """The job already ended; it cannot be cancelled."""
+
+
+def record_event(session: Session, *, job_id: uuid.UUID, type: EventType, data: dict[str, Any]) -> None:
+    session.add(JobEvent(job_id=job_id, type=type, data=data))
+
+
+def _status_event(session: Session, job_id: uuid.UUID, status: JobStatus, **data: Any) -> None:
+    record_event(session, job_id=job_id, type=EventType.status, data={"status": status.value, **data})
+
+
+def _moved(result: Any) -> bool:
+    return bool(result.rowcount == 1)
+
+
+def claim_job(*, session: Session, job_id: uuid.UUID, worker_id: str, lease_ttl: float) -> Job | None:
+    """Move a queued job to running for this worker, or return None if it is not queued.
+
+    One conditional UPDATE, checked by its row count: two deliveries of the same message
+    (a redelivery, a republish) can never both run the job.
+    """
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued)
+        .values(
+            status=JobStatus.running,
+            started_at=now,
+            worker_id=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_ttl),
+            attempts=col(Job.attempts) + 1,
+        )
+    )
+    if not _moved(result):
+        session.commit()  # nothing changed; a rollback would expire the caller's objects
+        return None
+    job = session.get(Job, job_id, populate_existing=True)
+    assert job is not None
+    _status_event(session, job_id, JobStatus.running, attempt=job.attempts, worker_id=worker_id)
+    session.commit()
+    return job
+
+
+def renew_lease(
+    *, session: Session, job_id: uuid.UUID, worker_id: str, attempt: int, lease_ttl: float
+) -> JobStatus | None:
+    """Extend this attempt's lease; the job's status, or None if this attempt lost the job."""
+    result = session.execute(
+        update(Job)
+        .where(
+            col(Job.id) == job_id,
+            col(Job.worker_id) == worker_id,
+            col(Job.attempts) == attempt,
+            col(Job.status).in_(ACTIVE),
+        )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_ttl))
+    )
+    session.commit()
+    if not _moved(result):
+        return None
+    return job_status(session=session, job_id=job_id)
+
+
+def finish_job(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    status: JobStatus,
+    error_code: str | None = None,
+    error_message: str | None = None,
+    attempt: int | None = None,
+) -> bool:
+    """Move an active job to a terminal status. False if it was not active (or not this attempt's)."""
+    assert status.is_terminal
+    conditions = [col(Job.id) == job_id, col(Job.status).in_(ACTIVE)]
+    if attempt is not None:
+        conditions.append(col(Job.attempts) == attempt)
+    result = session.execute(
+        update(Job)
+        .where(*conditions)
+        .values(
+            status=status,
+            finished_at=utcnow(),
+            lease_expires_at=None,
+            eta_seconds=None if status == JobStatus.succeeded else Job.eta_seconds,
+            error_code=error_code,
+            error_message=error_message,
+        )
+    )
+    if not _moved(result):
+        session.commit()  # nothing changed; a rollback would expire the caller's objects
+        return False
+    error = {"code": error_code, "message": error_message} if error_code else None
+    _status_event(session, job_id, status, error=error)
+    session.commit()
+    return True
+
+
+def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
+    """queued → cancelled at once; running → cancelling (the worker finishes it); idempotent.
+
+    Raises JobFinishedError for a job that succeeded or failed.
+    """
+    for _ in range(3):  # the job may move under us (claimed, finished): look again
+        job = session.get(Job, job_id, populate_existing=True)
+        assert job is not None
+        if job.status in (JobStatus.cancelled, JobStatus.cancelling):
+            return job
+        if job.status.is_terminal:
+            raise JobFinishedError(
+                f"job {job_id} already {job.status.value}; only queued or running jobs can be cancelled"
+            )
+        target = JobStatus.cancelled if job.status == JobStatus.queued else JobStatus.cancelling
+        values: dict[str, Any] = {"status": target}
+        if target == JobStatus.cancelled:
+            values.update(
+                finished_at=utcnow(), error_code=ErrorCode.cancelled, error_message="cancelled before it started"
+            )
+        result = session.execute(
+            update(Job).where(col(Job.id) == job_id, col(Job.status) == job.status).values(**values)
+        )
+        if _moved(result):
+            _status_event(session, job_id, target)
+            session.commit()
+            refreshed = session.get(Job, job_id, populate_existing=True)
+            assert refreshed is not None
+            return refreshed
+        session.commit()
+    raise RuntimeError(f"job {job_id} kept changing while being cancelled")
+
+
+def release_job(
+    *, session: Session, job: Job, reason: str, code: ErrorCode = ErrorCode.worker_lost
+) -> JobStatus | None:
+    """An attempt ended without an outcome (its worker was lost or stopped, or its host failed
+    it: ``code`` host_error).
+
+    A cancelling job becomes cancelled (never restarted); otherwise it is requeued while
+    ``attempts <= max_restarts``, else it fails with ``code`` and ``reason``. The UPDATE matches
+    the attempt seen, so two reconcilers never both act. Returns the new status, or None.
+    """
+    if job.status not in ACTIVE:
+        return None
+    where = [
+        col(Job.id) == job.id,
+        col(Job.status) == job.status,
+        col(Job.attempts) == job.attempts,
+    ]
+    values: dict[str, Any]
+    if job.status == JobStatus.cancelling:
+        target, values = JobStatus.cancelled, {"error_code": ErrorCode.cancelled, "error_message": "cancelled"}
+    elif job.attempts <= job.max_restarts:
+        target, values = JobStatus.queued, {"worker_id": None, "enqueued_at": None}
+    else:
+        target = JobStatus.failed
+        values = {
+            "error_code": code,
+            "error_message": f"{reason}; gave up after {job.attempts} attempts (max_restarts {job.max_restarts})",
+        }
+    if target.is_terminal:
+        values["finished_at"] = utcnow()
+    result = session.execute(update(Job).where(*where).values(status=target, lease_expires_at=None, **values))
+    if not _moved(result):
+        session.commit()  # nothing changed; a rollback would expire the caller's objects
+        return None
+    record_event(session, job_id=job.id, type=EventType.warning, data={"message": reason, "attempt": job.attempts})
+    _status_event(
+        session,
+        job.id,
+        target,
+        error={"code": values["error_code"], "message": values["error_message"]} if target.is_terminal else None,
+    )
+    session.commit()
+    return target
+
+
+def job_status(*, session: Session, job_id: uuid.UUID) -> JobStatus:
+    return JobStatus(session.exec(select(Job.status).where(Job.id == job_id)).one())
+
+
+def expired_leases(*, session: Session, now: datetime) -> list[Job]:
+    query = select(Job).where(col(Job.status).in_(ACTIVE), col(Job.lease_expires_at) < now)
+    return list(session.exec(query).all())
+
+
+def unpublished_jobs(*, session: Session, older_than: datetime, live_since: datetime) -> list[Job]:
+    """Queued jobs whose message is missing: never published, or published before
+    ``older_than`` to a queue whose live workers have all sat idle since before then (they
+    would have taken the message had the broker still held it) or that no live worker consumes
+    any more. A job waiting behind busy workers of its size is left alone."""
+    live_of_its_queue = live_worker(live_since), col(Worker.queue) == col(Job.queue)
+    busy_or_fresh = or_(col(Worker.idle_since).is_(None), col(Worker.idle_since) >= older_than)
+    idle_consumer = select(Worker.id).where(*live_of_its_queue, ~busy_or_fresh)
+    waiting_consumer = select(Worker.id).where(*live_of_its_queue, busy_or_fresh)
+    lost = (col(Job.enqueued_at) < older_than) & (idle_consumer.exists() | ~waiting_consumer.exists())
+    query = select(Job).where(
+        col(Job.status) == JobStatus.queued,
+        or_(col(Job.enqueued_at).is_(None), lost),
+    )
+    return list(session.exec(query).all())
+
+
+def live_since(settings: Settings) -> datetime:
+    """Workers seen since then count as live (TUNEQ_WORKER_SEEN_SECONDS)."""
+    return utcnow() - timedelta(seconds=settings.worker_seen_seconds)
+
+
+def running_worker(since: datetime) -> ColumnElement[bool]:
+    """The ``workers`` rows of workers that run: seen since ``since`` and not stopped."""
+    return and_(col(Worker.last_seen_at) >= since, col(Worker.stopped_at).is_(None))
+
+
+def live_worker(since: datetime) -> ColumnElement[bool]:
+    """The ``workers`` rows that count as live: running and taking jobs (not ``unavailable``).
+    Only these are routed to and consume their queue."""
+    return and_(running_worker(since), col(Worker.unavailable).is_(None))
+
+
+def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | None:
+    """The queue a job of ``num_gpus`` goes to: that of the smallest live worker size that fits.
+
+    None while no live worker fits (none has started yet, or the large ones are gone): the
+    job stays unpublished and a worker's reconciler publishes it once one is there.
+    """
+    sizes = session.exec(
+        select(Worker.device_count).where(
+            live_worker(live_since(settings)),
+            col(Worker.device_count) >= num_gpus,
+            col(Worker.queue).is_not(None),
+        )
+    ).all()
+    return size_queue(settings, min(sizes)) if sizes else None
+
+
+def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
+    """A delivery that was dropped unrun: the next reconciler pass publishes the job again."""
+    session.execute(
+        update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued).values(enqueued_at=None)
+    )
+    session.commit()
+
+
+def mark_published(*, session: Session, job_id: uuid.UUID, queue: str) -> None:
+    session.execute(update(Job).where(col(Job.id) == job_id).values(enqueued_at=utcnow(), queue=queue))
+    session.commit()
+
+
+def record_progress(*, session: Session, job_id: uuid.UUID, values: dict[str, Any]) -> None:
+    session.execute(update(Job).where(col(Job.id) == job_id).values(**values))
+
+
+def register_worker(
+    *, session: Session, worker_id: str, hostname: str, accelerator: str, device_count: int, queue: str
+) -> None:
+    worker = session.get(Worker, worker_id)
+    if worker is None:
+        worker = Worker(id=worker_id, hostname=hostname, accelerator=accelerator, device_count=device_count)
+    worker.accelerator, worker.device_count, worker.queue = accelerator, device_count, queue
+    worker.last_seen_at = worker.idle_since = utcnow()
+    worker.stopped_at = worker.unavailable = None
+    session.add(worker)
+    session.commit()
+
+
+def stop_worker(*, session: Session, worker_id: str) -> None:
+    """A worker that stops says so: it consumes no queue any more, so a job published to it
+    while it waited to exit is republished (and none is held back for it)."""
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(stopped_at=utcnow()))
+    session.commit()
+
+
+def set_worker_unavailable(*, session: Session, worker_id: str, reason: str | None) -> None:
+    """Say why a worker takes no job now (None: it takes jobs again)."""
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(unavailable=reason))
+    session.commit()
+
+
+def prune_workers(*, session: Session, before: datetime) -> int:
+    """Forget workers not seen since ``before`` (stopped, or gone long ago): how many."""
+    result = session.execute(delete(Worker).where(col(Worker.last_seen_at) < before))
+    session.commit()
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def set_worker_idle(*, session: Session, worker_id: str, idle: bool) -> None:
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(idle_since=utcnow() if idle else None))
+    session.commit()
+
+
+def touch_worker(*, session: Session, worker_id: str) -> None:
+    session.execute(update(Worker).where(col(Worker.id) == worker_id).values(last_seen_at=utcnow()))
+    session.commit()

@@ -1,0 +1,320 @@
+"""SQL tables (SQLModel) and the public shapes the API returns for them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+from sqlalchemy import JSON, BigInteger, Column, DateTime, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _timestamp(*, nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=nullable, index=index))
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    cancelling = "cancelling"  # cancel asked while running; the worker is stopping the ranks
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+# The statuses a job never leaves: the one definition the API, the worker and the clients use.
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+
+
+class ErrorCode(StrEnum):
+    """Failure classes on a job's error. Users act on the message; code tells who must act."""
+
+    invalid_input = "invalid_input"  # the job's data or config is wrong: fix the job
+    unsupported_hardware = "unsupported_hardware"  # the job asks for what this worker cannot give
+    training_error = "training_error"  # the training processes crashed
+    worker_lost = "worker_lost"  # the worker stopped or died while the job ran (retried)
+    host_error = "host_error"  # the host failed the attempt: out of memory, disk full (retried)
+    timeout = "timeout"  # training.max_duration_seconds ran out
+    cancelled = "cancelled"  # a user cancelled the job
+    internal_error = "internal_error"  # tuneq itself failed
+
+
+# The owner of every job while the API runs without keys (TUNEQ_AUTH=off), and of the jobs
+# created before tuneq had keys.
+LOCAL_OWNER = "local"
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+    # Idempotency keys are the client's, so unique per owner: two teams may pick the same one.
+    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),)
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    # Who submitted it (an API key's owner): other owners' requests never see it.
+    owner: str = Field(
+        default=LOCAL_OWNER, max_length=200, index=True, sa_column_kwargs={"server_default": LOCAL_OWNER}
+    )
+    name: str | None = Field(default=None, max_length=200)
+    status: JobStatus = Field(default=JobStatus.queued, index=True)
+    model: str
+    revision: str | None = None  # of a hub model
+    dataset: str
+    validation_dataset: str | None = None
+    # Another job's DeepSpeed checkpoint this job starts from: {"job_id", "step"}.
+    resume_from: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
+    dataset_stats: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    # The config as run: "auto" values filled (at submit, then by the worker).
+    resolved_deepspeed_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    num_gpus: int
+    training: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
+    )
+    started_at: datetime | None = _timestamp()
+    finished_at: datetime | None = _timestamp()
+    step: int = 0
+    total_steps: int | None = None
+    latest_metrics: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    epoch: float | None = None
+    tokens_seen: int = Field(default=0, sa_type=BigInteger)
+    eta_seconds: float | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    # Who runs it: the database decides, not the broker (see ARCHITECTURE.md, "Leases").
+    worker_id: str | None = None
+    lease_expires_at: datetime | None = _timestamp(index=True)
+    enqueued_at: datetime | None = _timestamp()
+    # The Celery queue it was last published to: that of the smallest live worker size that
+    # fits num_gpus (shared.db.lifecycle.route_job). None until published.
+    queue: str | None = Field(default=None, max_length=200)
+    attempts: int = 0
+    max_restarts: int = 2
+    # How far the worker has ingested the current attempt's events file and the training log,
+    # committed with the rows they produced: a resumed attempt picks up exactly there.
+    events_offset: int = Field(default=0, sa_type=BigInteger)
+    log_offset: int = Field(default=0, sa_type=BigInteger)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    request_fingerprint: str | None = None
+
+
+class EventType(StrEnum):
+    status = "status"
+    metric = "metric"
+    checkpoint = "checkpoint"
+    resumed = "resumed"
+    warning = "warning"
+    log = "log"
+    download = "download"  # a remote dataset's download progress
+    plan = "plan"  # what the ranks found once model and data were loaded: steps, rows, model load
+
+
+class JobEvent(SQLModel, table=True):
+    """Everything that happened to a job, in order. ``id`` is the stream cursor."""
+
+    __tablename__ = "job_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    type: EventType
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class JobMetric(SQLModel, table=True):
+    """One row per optimizer step that rank 0 reported."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    # No index of its own: the unique (job_id, step) index leads with it (migration 0007).
+    job_id: uuid.UUID = Field(foreign_key="jobs.id")
+    step: int
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    epoch: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    # Share of the step's token slots that held real tokens (the rest is padding).
+    real_token_share: float | None = None
+    eval_loss: float | None = None
+    time: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class CheckpointKind(StrEnum):
+    deepspeed = "deepspeed"  # the engine's own checkpoint (resumable)
+    model = "model"  # a Hugging Face model directory (safetensors + tokenizer)
+    adapter = "adapter"  # a peft LoRA adapter directory (adapter_model.safetensors + tokenizer)
+
+
+class Checkpoint(SQLModel, table=True):
+    """A checkpoint is recorded only once its manifest is complete."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", "kind"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    step: int
+    kind: CheckpointKind
+    uri: str
+    bytes: int = Field(sa_type=BigInteger)  # checkpoints of large models pass 2 GiB
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Worker(SQLModel, table=True):
+    """A worker's hardware, so the API can refuse what no worker can run (fp16 without CUDA)."""
+
+    __tablename__ = "workers"
+
+    id: str = Field(primary_key=True)
+    hostname: str
+    accelerator: str  # "cuda" or "cpu"
+    device_count: int
+    # The queue it consumes: one per worker size (shared.queue.size_queue).
+    queue: str | None = Field(default=None, max_length=200)
+    # Set while the worker runs no job: a queued job waiting longer than an idle worker has
+    # been idle was lost by the broker (the reconciler publishes it again).
+    idle_since: datetime | None = _timestamp()
+    started_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_seen_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
+    )
+    # Set when the worker stops cleanly: it consumes no queue from then on, whatever last_seen_at says.
+    stopped_at: datetime | None = _timestamp()
+    # Why the worker takes no job now (its disk is below TUNEQ_MIN_FREE_DISK_MB), or None.
+    unavailable: str | None = Field(default=None, max_length=500)
+
+
+class ApiKey(SQLModel, table=True):
+    """An API key: only its SHA-256 is stored; the key itself is shown once, at creation."""
+
+    __tablename__ = "api_keys"
+
+    id: str = Field(primary_key=True, max_length=32)  # public, also inside the key: tq_<id>_<secret>
+    owner: str = Field(max_length=200, index=True)
+    key_hash: str = Field(unique=True, max_length=64)  # sha256 hex of the whole key
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_used_at: datetime | None = _timestamp()
+    revoked_at: datetime | None = _timestamp()
+
+
+# ---- public shapes ---------------------------------------------------------------------
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite hands timestamps back without their zone; every timestamp tuneq writes is UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+class JobError(SQLModel):
+    code: str
+    message: str
+
+
+class JobPublic(SQLModel):
+    id: uuid.UUID
+    owner: str
+    name: str | None
+    status: JobStatus
+    model: str
+    revision: str | None
+    dataset: str
+    validation_dataset: str | None
+    resume_from: dict[str, Any] | None
+    dataset_stats: dict[str, Any] | None
+    deepspeed_config: dict[str, Any]
+    resolved_deepspeed_config: dict[str, Any] | None
+    num_gpus: int
+    training: dict[str, Any]
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    step: int
+    total_steps: int | None
+    epoch: float | None
+    tokens_seen: int
+    eta_seconds: float | None
+    latest_metrics: dict[str, Any] | None
+    error: JobError | None
+    attempts: int
+    max_restarts: int
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobPublic:
+        error = JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None
+        return cls.model_validate(job, update={"error": error})
+
+
+class JobsPublic(SQLModel):
+    data: list[JobPublic]
+    count: int
+
+
+class MetricPublic(SQLModel):
+    step: int
+    loss: float | None
+    learning_rate: float | None
+    grad_norm: float | None
+    epoch: float | None
+    tokens_per_second: float | None
+    samples_per_second: float | None
+    real_token_share: float | None
+    eval_loss: float | None
+    time: UTCDateTime
+
+
+class MetricsPublic(SQLModel):
+    """One page of a job's metrics, in step order."""
+
+    data: list[MetricPublic]
+    has_more: bool  # more steps follow: ask again with after=next_after
+    next_after: int | None  # the last step of this page
+    # The job's newest event id when the page was read: an event stream from here continues
+    # the series without a gap (a step both in the page and in the stream is the same row).
+    event_cursor: int
+
+
+class CheckpointPublic(SQLModel):
+    step: int
+    kind: CheckpointKind
+    uri: str
+    created_at: UTCDateTime
+    bytes: int
+
+
+class CheckpointsPublic(SQLModel):
+    data: list[CheckpointPublic]
+
+
+class LogsPublic(SQLModel):
+    lines: list[str]
+
+
+class EventPublic(SQLModel):
+    id: int
+    type: EventType
+    data: dict[str, Any]
+    created_at: UTCDateTime
+
+
+class EventsPublic(SQLModel):
+    data: list[EventPublic]
+    next_cursor: int | None

@@ -1,0 +1,202 @@
+"""Submit-time checks that need the filesystem, DeepSpeed's parser or the deployment's hardware.
+
+Each problem names the field (as FastAPI's 422 ``loc`` does) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.data.records import DatasetError, read_records
+from shared.data.remote import local_path, parse_dataset_uri
+from shared.deepspeed.auto_values import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
+from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config, wants_fp16
+from shared.deepspeed.safety import sanitize_deepspeed_config
+from shared.jobs.spec import JobCreate, TrainingOptions, max_positions_of
+from shared.settings import Settings
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+FP16_NEEDS_CUDA = (
+    "fp16 needs a CUDA GPU, and the workers of this deployment have none: set "
+    "deepspeed_config.fp16.enabled to false (bf16 works on CPUs), or run on a GPU worker"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    loc: tuple[str | int, ...]
+    message: str
+
+
+class JobValidationError(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.message}" for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the live workers of a deployment offer. ``cuda`` is None when no worker is known."""
+
+    cuda: bool | None = None
+    max_devices: int | None = None
+
+
+def is_local_reference(value: str) -> bool:
+    """Absolute paths, ``~`` paths and ``file://`` URIs are local; anything else is a hub id or URI."""
+    return value.startswith(("/", "~", "file://")) or value.startswith(("./", "../"))
+
+
+def resolve_in_allowed_roots(value: str, settings: Settings, *, what: str) -> Path:
+    """Resolve symlinks and ``..`` first, then require the result inside an allowed root."""
+    path = local_path(value)
+    if not path.is_absolute():
+        raise ValueError(f"{what} path must be absolute, got '{value}'")
+    resolved = path.resolve()
+    roots = settings.allowed_root_paths
+    if not any(resolved.is_relative_to(root) for root in roots):
+        shown = os.pathsep.join(str(r) for r in roots)
+        raise ValueError(
+            f"{what} '{value}' is outside the allowed roots ({shown}): move it there, or add its "
+            "directory to TUNEQ_ALLOWED_ROOTS"
+        )
+    return resolved
+
+
+def check_model(value: str, settings: Settings) -> None:
+    if not is_local_reference(value):
+        if not HUB_ID.match(value):
+            raise ValueError(
+                f"'{value}' is neither a hub id like 'EleutherAI/gpt-neo-125m' nor an absolute path "
+                "to a local model directory"
+            )
+        return
+    path = resolve_in_allowed_roots(value, settings, what="model")
+    if not path.is_dir():
+        raise ValueError(f"model directory '{value}' does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory '{value}' has no config.json: save the model with save_pretrained")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(
+            f"model directory '{value}' has no .safetensors weights: tuneq loads safetensors only "
+            "(save with save_pretrained(..., safe_serialization=True))"
+        )
+
+
+def check_dataset(value: str, settings: Settings) -> Path | None:
+    """A local dataset's resolved path; None for a remote URI that passed its checks (its
+    records are checked by the worker once downloaded)."""
+    if parse_dataset_uri(value, settings) is not None:
+        return None
+    path = resolve_in_allowed_roots(value, settings, what="dataset")
+    if not path.is_file():
+        raise ValueError(f"dataset file '{value}' does not exist")
+    return path
+
+
+def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field: str) -> list[Problem]:
+    """Read a local dataset's records now, so a bad record fails the submit, not the run."""
+    try:
+        path = check_dataset(value, settings)
+        if path is not None:
+            read_records(path, dataset_format=job_in.training.dataset_format)
+    except (DatasetError, ValueError) as e:
+        return [Problem(("body", field), str(e))]
+    except OSError as e:
+        return [Problem(("body", field), f"dataset '{value}' cannot be read: {e.strerror}")]
+    return []
+
+
+def local_model_config(model: str) -> dict[str, Any] | None:
+    """A local model's config.json; None for hub models (or one that cannot be read)."""
+    if not is_local_reference(model):
+        return None
+    try:
+        config = json.loads((local_path(model).resolve() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def local_hidden_size(model: str) -> int | None:
+    """The hidden size of a local model (for "auto" bucket sizes); None for hub models."""
+    config = local_model_config(model)
+    return hidden_size_of(config) if config is not None else None
+
+
+def settled_training(job_in: JobCreate) -> TrainingOptions:
+    """The job's training options with what the API can settle now: for a local model, a
+    ``max_seq_length`` left out follows the model's limit (the ranks settle a hub model's).
+    Raises ValueError for an explicit ``max_seq_length`` past a local model's limit."""
+    config = local_model_config(job_in.model)
+    if config is None:
+        return job_in.training
+    return job_in.training.for_model(max_positions_of(config))
+
+
+def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Problem]]:
+    """Fill the "auto" values the API can know now; the rest wait for the worker."""
+    problems = [
+        Problem(
+            ("body", "deepspeed_config", *key.split(".")),
+            f"'auto' is not supported for {key}: tuneq fills 'auto' only for "
+            f"{', '.join(sorted(FILLABLE))}; give a value",
+        )
+        for key in auto_keys(job_in.deepspeed_config)
+        if key not in FILLABLE
+    ]
+    inputs = AutoInputs(job_in.training, job_in.num_gpus, hidden_size=local_hidden_size(job_in.model))
+    return fill_auto(job_in.deepspeed_config, inputs), problems
+
+
+def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware) -> dict[str, Any]:
+    """Raise JobValidationError with every problem found; else the config with "auto" filled
+    as far as the API can (the worker fills the rest: total steps, a hub model's hidden size)."""
+    problems: list[Problem] = []
+    try:
+        check_model(job_in.model, settings)
+    except ValueError as e:
+        problems.append(Problem(("body", "model"), str(e)))
+    if job_in.revision is not None and is_local_reference(job_in.model):
+        problems.append(
+            Problem(
+                ("body", "revision"),
+                "revision applies to hub models only; a local directory is used as it is: drop revision",
+            )
+        )
+    try:
+        settled_training(job_in)
+    except ValueError as e:
+        problems.append(Problem(("body", "training", "max_seq_length"), str(e)))
+    problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
+    if job_in.validation_dataset is not None:
+        problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")
+    resolved, auto_problems = resolve_auto_at_submit(job_in)
+    problems += auto_problems
+    # Keys that would read or write files, import modules or call out: refused here; the ones
+    # tuneq rewrites under the run directory are rewritten by the worker, which knows it.
+    _, unsafe = sanitize_deepspeed_config(resolved, run_dir=str(settings.runs_dir / "pending"))
+    problems += [Problem(("body", "deepspeed_config", *u.loc), u.message) for u in unsafe]
+    try:
+        resolve_deepspeed_config(without_auto(resolved), world_size=job_in.num_gpus)
+    except DeepSpeedConfigError as e:
+        problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
+    problems += [Problem(("body", "deepspeed_config", *e.loc), e.message) for e in missing_packages(resolved)]
+    if wants_fp16(resolved) and hardware.cuda is False:
+        problems.append(Problem(("body", "deepspeed_config", "fp16", "enabled"), FP16_NEEDS_CUDA))
+    if hardware.max_devices is not None and job_in.num_gpus > hardware.max_devices:
+        problems.append(
+            Problem(
+                ("body", "num_gpus"),
+                f"no worker has {job_in.num_gpus} devices (the largest has {hardware.max_devices}): "
+                f"ask for at most {hardware.max_devices}",
+            )
+        )
+    if problems:
+        raise JobValidationError(problems)
+    return resolved

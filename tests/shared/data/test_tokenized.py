@@ -1,0 +1,155 @@
+"""Records to ids and targets with the tiny model's real tokenizer, and the tokenized cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shared.data import tokenized
+from shared.data.records import Records, read_records
+from shared.data.tokenized import TokenizationError, prepare_tokenized, tokenize_records
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_template: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_template)
+
+
+def targets_text(tokenizer: Any, ids: np.ndarray, targets: np.ndarray) -> str:
+    return str(tokenizer.decode([int(i) for i, t in zip(ids, targets, strict=True) if t]))
+
+
+def test_text_trains_on_everything_and_ends_with_eos(tokenizer: Any) -> None:
+    records = Records(format="text", rows=[{"text": "the cat sees a tree."}], where=["line 1"])
+    samples, stats = tokenize_records(records, tokenizer, max_seq_length=64)
+    ids, targets = samples.sample(0)
+    assert ids[-1] == tokenizer.eos_token_id and targets.all()
+    assert tokenizer.decode(ids[:-1]) == "the cat sees a tree."
+    assert (stats.records, stats.samples, stats.tokens, stats.target_tokens) == (1, 1, len(ids), len(ids))
+    assert stats.truncated == 0 and stats.longest == len(ids)
+
+
+def test_truncation_and_drops_are_counted(tokenizer: Any) -> None:
+    long_text = " ".join(["the cat sees the ball."] * 20)
+    records = Records(format="text", rows=[{"text": long_text}, {"text": "a"}], where=["line 1", "line 2"])
+    samples, stats = tokenize_records(records, tokenizer, max_seq_length=16)
+    assert stats.truncated == 1 and stats.longest > 16
+    assert samples.lengths.max() == 16
+    # "a" + EOS is two tokens: kept. A record cut to nothing to predict is dropped:
+    records = Records(
+        format="prompt_completion",
+        rows=[{"prompt": long_text, "completion": " yes"}, {"prompt": "who?", "completion": " a dog."}],
+        where=["line 1", "line 2"],
+    )
+    samples, stats = tokenize_records(records, tokenizer, max_seq_length=16)
+    assert (stats.records, stats.samples, stats.dropped, stats.truncated) == (2, 1, 1, 1)
+
+
+def test_prompt_completion_trains_on_the_completion_only(tokenizer: Any) -> None:
+    records = Records(
+        format="prompt_completion", rows=[{"prompt": "who sees a tree?", "completion": " the cat."}], where=["line 1"]
+    )
+    samples, stats = tokenize_records(records, tokenizer, max_seq_length=64)
+    ids, targets = samples.sample(0)
+    assert targets_text(tokenizer, ids, targets) == " the cat.<|endoftext|>"
+    assert tokenizer.decode(ids[targets == 0]) == "who sees a tree?"
+    assert stats.target_tokens == int(targets.sum()) < stats.tokens
+
+
+def test_messages_train_on_assistant_turns_only(tokenizer: Any) -> None:
+    messages = [
+        {"role": "system", "content": "be brief."},
+        {"role": "user", "content": "who sees a tree?"},
+        {"role": "assistant", "content": "the cat."},
+        {"role": "user", "content": "who reads a book?"},
+        {"role": "assistant", "content": "my friend."},
+    ]
+    records = Records(format="messages", rows=[{"messages": messages}], where=["line 1"])
+    samples, _ = tokenize_records(records, tokenizer, max_seq_length=256)
+    ids, targets = samples.sample(0)
+    assert targets_text(tokenizer, ids, targets) == "the cat.<|im_end|>\nmy friend.<|im_end|>\n"
+    untrained = tokenizer.decode(ids[targets == 0])
+    assert "who sees a tree?" in untrained and "be brief." in untrained and "<|im_start|>assistant" in untrained
+
+
+def test_messages_need_a_chat_template(tiny_model_template: Path) -> None:
+    from transformers import AutoTokenizer
+
+    plain = AutoTokenizer.from_pretrained(tiny_model_template)
+    plain.chat_template = None
+    records = Records(format="messages", rows=[{"messages": [{"role": "assistant", "content": "x"}]}], where=["line 1"])
+    with pytest.raises(TokenizationError, match="no chat template"):
+        tokenize_records(records, plain, max_seq_length=64)
+
+
+def write_texts(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def test_cache_is_hit_by_content_and_missed_on_any_input_change(tokenizer: Any, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    data = write_texts(tmp_path / "a.jsonl", ["the cat sees a tree.", "a dog likes the ball."])
+    first, stats = prepare_tokenized(data, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    assert not stats.cached and stats.format == "text"
+    copy = write_texts(tmp_path / "elsewhere.jsonl", ["the cat sees a tree.", "a dog likes the ball."])
+    again, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    assert stats.cached  # same content under another name
+    assert np.array_equal(first.tokens, again.tokens) and np.array_equal(first.offsets, again.offsets)
+    _, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=8, cache_root=cache)
+    assert not stats.cached  # another sequence length
+    write_texts(copy, ["the cat sees a tree."])
+    _, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    assert not stats.cached and stats.records == 1  # other content
+    entries = [p for p in cache.iterdir() if p.is_dir() and p.name != "hashes"]  # hashes: the sha memo
+    assert len(entries) == 3 and not any(p.name.startswith(".") for p in entries)
+
+
+def _prepare_in_child(args: tuple[str, str, str]) -> tuple[bool, list[int]]:
+    from transformers import AutoTokenizer
+
+    model, data, cache = args
+    tok = AutoTokenizer.from_pretrained(model)
+    samples, stats = prepare_tokenized(
+        Path(data), tok, dataset_format="text", max_seq_length=32, cache_root=Path(cache)
+    )
+    return stats.cached, samples.tokens.tolist()
+
+
+def test_concurrent_preparers_tokenize_once(tiny_model_template: Path, tmp_path: Path) -> None:
+    data = write_texts(tmp_path / "d.jsonl", [f"the cat sees {i} trees." for i in range(2000)])
+    args = (str(tiny_model_template), str(data), str(tmp_path / "cache"))
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        results = pool.map(_prepare_in_child, [args] * 3)
+    assert sorted(cached for cached, _ in results) == [False, True, True]
+    assert results[0][1] == results[1][1] == results[2][1]
+
+
+def test_records_and_stats_agree_with_the_reader(tokenizer: Any, tmp_path: Path) -> None:
+    data = write_texts(tmp_path / "d.jsonl", ["a b c", "the cat."])
+    records = read_records(data)
+    samples, stats = tokenize_records(records, tokenizer, max_seq_length=32)
+    assert stats.samples == len(samples) == 2 and stats.tokens == int(samples.lengths.sum())
+
+
+def test_a_dataset_is_hashed_once_per_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "one"}\n')
+    hashed: list[Path] = []
+    real = tokenized.file_sha256
+    monkeypatch.setattr(tokenized, "file_sha256", lambda p: hashed.append(p) or real(p))
+    memo = tmp_path / "hashes"
+    first = tokenized.dataset_sha256(data, memo_dir=memo)
+    assert tokenized.dataset_sha256(data, memo_dir=memo) == first == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert len(hashed) == 1  # the second rank (or attempt) read the memo
+    data.write_text('{"text": "three"}\n')  # rewritten: a new version
+    assert tokenized.dataset_sha256(data, memo_dir=memo) == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert len(hashed) == 2

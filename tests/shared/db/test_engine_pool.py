@@ -1,0 +1,71 @@
+"""The Postgres pool: every connection kept (no overflow churn), a dead one replaced."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Engine, text
+
+from shared.db import engine as db
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _terminate(postgres_url: str, pid: int) -> None:
+    import sqlalchemy
+
+    admin = sqlalchemy.create_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+
+
+def test_connections_are_all_kept_up_to_the_pool_size(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No overflow: a connection given back is kept for the next request, never closed (an
+    # overflow one was, so under load the API opened a Postgres backend on many requests).
+    monkeypatch.setattr(db, "POOL_SIZE", 4)
+    engine = db.make_engine(postgres_url)
+    try:
+        pool = engine.pool
+        assert pool.size() == 4 and pool._max_overflow == 0  # type: ignore[attr-defined]
+        held = [engine.connect() for _ in range(4)]
+        pids = {conn.execute(text("SELECT pg_backend_pid()")).scalar_one() for conn in held}
+        for conn in held:
+            conn.close()
+        assert pool.checkedin() == 4  # type: ignore[attr-defined]
+        again = [engine.connect() for _ in range(4)]
+        assert {c.execute(text("SELECT pg_backend_pid()")).scalar_one() for c in again} == pids
+        for conn in again:
+            conn.close()
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_that_died_while_pooled_is_replaced(postgres_url: str) -> None:
+    engine = db.make_engine(postgres_url)
+    try:
+        pid = _backend_pid(engine)
+        _terminate(postgres_url, pid)  # as a database restart would
+        assert _backend_pid(engine) != pid  # pinged, found dead, replaced: no error
+    finally:
+        engine.dispose()
+
+
+def test_reads_share_the_pool_without_a_transaction(postgres_url: str) -> None:
+    # The read engine (GET routes) runs each statement on its own: no BEGIN before it, no
+    # ROLLBACK when the connection goes back, and the pool is the same connections.
+    engine = db.make_engine(postgres_url)
+    try:
+        reads = db._autocommit(engine)
+        assert reads is db._autocommit(engine) and reads.pool is engine.pool
+        with reads.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.IDLE  # type: ignore[union-attr]
+        with engine.connect() as conn:  # the same connection, in a transaction again for writers
+            conn.execute(text("SELECT 1"))
+            assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.INTRANS  # type: ignore[union-attr]
+    finally:
+        engine.dispose()

@@ -1,0 +1,226 @@
+"""The job state machine, on SQLite and on Postgres: every transition is conditional."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from shared.db.engine import get_engine
+from shared.db.lifecycle import (
+    JobFinishedError,
+    claim_job,
+    expired_leases,
+    finish_job,
+    mark_published,
+    mark_unpublished,
+    prune_workers,
+    register_worker,
+    release_job,
+    renew_lease,
+    request_cancel,
+    route_job,
+    set_worker_idle,
+    stop_worker,
+    unpublished_jobs,
+)
+from shared.db.models import Job, JobEvent, JobStatus, Worker, utcnow
+from shared.settings import get_settings
+
+
+def new_job(**fields: object) -> Job:
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={}, **fields)
+        session.add(job)
+        session.commit()
+        return job
+
+
+def session() -> Session:
+    return Session(get_engine(), expire_on_commit=False)
+
+
+def statuses(job: Job) -> list[str]:
+    with session() as s:
+        events = s.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+        return [e.data["status"] for e in events if e.type == "status"]
+
+
+def test_a_job_is_claimed_once(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        first = claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        second = claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=60)
+    assert first is not None and first.status == JobStatus.running and first.worker_id == "w1"
+    assert first.attempts == 1 and first.started_at is not None and first.lease_expires_at is not None
+    assert second is None
+    assert statuses(job) == ["running"]
+
+
+def test_finish_only_from_an_active_status(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded)  # still queued
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded, attempt=2)  # not this attempt
+        assert finish_job(session=s, job_id=job.id, status=JobStatus.failed, error_code="x", error_message="m")
+        assert not finish_job(session=s, job_id=job.id, status=JobStatus.succeeded)
+        done = s.get(Job, job.id, populate_existing=True)
+        # A redelivered message after the job ended does nothing.
+        assert claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=60) is None
+    assert done is not None and done.status == JobStatus.failed and done.error_message == "m"
+    assert done.finished_at is not None and done.lease_expires_at is None
+    assert statuses(job) == ["running", "failed"]
+
+
+def test_lease_renewal_belongs_to_the_attempt(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        assert renew_lease(session=s, job_id=job.id, worker_id="w1", attempt=1, lease_ttl=60) == JobStatus.running
+        assert renew_lease(session=s, job_id=job.id, worker_id="w2", attempt=1, lease_ttl=60) is None
+        assert renew_lease(session=s, job_id=job.id, worker_id="w1", attempt=2, lease_ttl=60) is None
+
+
+def test_cancel(database_url: str) -> None:
+    queued, running, done = new_job(), new_job(), new_job()
+    with session() as s:
+        assert request_cancel(session=s, job_id=queued.id).status == JobStatus.cancelled
+        assert request_cancel(session=s, job_id=queued.id).status == JobStatus.cancelled  # again: same answer
+        claim_job(session=s, job_id=running.id, worker_id="w", lease_ttl=60)
+        assert request_cancel(session=s, job_id=running.id).status == JobStatus.cancelling
+        assert renew_lease(session=s, job_id=running.id, worker_id="w", attempt=1, lease_ttl=60) == "cancelling"
+        claim_job(session=s, job_id=done.id, worker_id="w", lease_ttl=60)
+        finish_job(session=s, job_id=done.id, status=JobStatus.succeeded)
+        with pytest.raises(JobFinishedError, match="already succeeded"):
+            request_cancel(session=s, job_id=done.id)
+    assert statuses(queued) == ["cancelled"]
+    assert statuses(running) == ["running", "cancelling"]
+
+
+def test_lost_jobs_are_requeued_until_max_restarts_then_fail(database_url: str) -> None:
+    job = new_job(max_restarts=1)
+    outcomes = []
+    with session() as s:
+        for worker in ("w1", "w2"):
+            claim_job(session=s, job_id=job.id, worker_id=worker, lease_ttl=-1)  # expires at once
+            lost = expired_leases(session=s, now=utcnow())
+            assert [j.id for j in lost] == [job.id]
+            outcomes.append(release_job(session=s, job=lost[0], reason="lost"))
+            assert release_job(session=s, job=lost[0], reason="lost") is None  # a second reconciler loses
+        final = s.get(Job, job.id, populate_existing=True)
+    assert outcomes == [JobStatus.queued, JobStatus.failed]
+    assert final is not None and final.attempts == 2 and final.error_code == "worker_lost"
+    assert statuses(job) == ["running", "queued", "running", "failed"]
+
+
+def test_a_lost_cancelling_job_is_cancelled_not_restarted(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=-1)
+        request_cancel(session=s, job_id=job.id)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.cancelled
+
+
+def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url: str) -> None:
+    never, published = new_job(), new_job()
+    soon = utcnow() + timedelta(seconds=1)
+    long_ago = utcnow() - timedelta(days=1)
+    with session() as s:
+        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1, queue="q-1gpu")
+        set_worker_idle(session=s, worker_id="w", idle=False)
+        mark_published(session=s, job_id=published.id, queue="q-1gpu")
+
+        def lost(older_than: datetime) -> set[object]:
+            return {j.id for j in unpublished_jobs(session=s, older_than=older_than, live_since=long_ago)}
+
+        assert lost(soon) == {never.id}  # the worker is busy: the message is waiting, not lost
+        register_worker(session=s, worker_id="w8", hostname="h", accelerator="cpu", device_count=8, queue="q-8gpu")
+        assert lost(soon) == {never.id}  # an idle worker of another size would not have taken it
+        set_worker_idle(session=s, worker_id="w", idle=True)
+        assert lost(soon) == {never.id, published.id}  # its queue's worker idle since before the cutoff, no claim
+        assert lost(utcnow() - timedelta(seconds=60)) == {never.id}  # published too recently
+
+
+def test_a_job_whose_queue_lost_its_workers_is_published_again(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        register_worker(session=s, worker_id="w", hostname="h", accelerator="cpu", device_count=1, queue="q-1gpu")
+        set_worker_idle(session=s, worker_id="w", idle=False)
+        mark_published(session=s, job_id=job.id, queue="q-1gpu")
+        soon = utcnow() + timedelta(seconds=1)
+        assert unpublished_jobs(session=s, older_than=soon, live_since=utcnow() - timedelta(days=1)) == []
+        # The 1-GPU worker is no longer seen: the message waits in a queue nobody consumes.
+        later = utcnow() + timedelta(seconds=5)
+        assert [j.id for j in unpublished_jobs(session=s, older_than=later, live_since=later)] == [job.id]
+
+
+def test_a_stopped_worker_does_not_make_its_queues_waiting_jobs_look_lost(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The republish storm: one worker of a queue stopped while another was busy with it. The
+    stopped one still looked live and idle, so every waiting job of the queue looked lost."""
+    monkeypatch.setenv("TUNEQ_QUEUE", "tq")
+    get_settings.cache_clear()
+    settings = get_settings()
+    waiting = new_job()
+    with session() as s:
+        for worker_id in ("stopping", "busy"):
+            register_worker(
+                session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu"
+            )
+        set_worker_idle(session=s, worker_id="busy", idle=False)
+        mark_published(session=s, job_id=waiting.id, queue="tq-1gpu")
+        soon, long_ago = utcnow() + timedelta(seconds=1), utcnow() - timedelta(days=1)
+        stop_worker(session=s, worker_id="stopping")
+        assert unpublished_jobs(session=s, older_than=soon, live_since=long_ago) == []  # it waits for "busy"
+        # Nor is a stopped worker's size routed to, or counted by the API's hardware checks.
+        stop_worker(session=s, worker_id="busy")
+        assert route_job(session=s, settings=settings, num_gpus=1) is None
+        assert [j.id for j in unpublished_jobs(session=s, older_than=soon, live_since=long_ago)] == [waiting.id]
+        # A stopped worker that starts again is live again.
+        register_worker(session=s, worker_id="busy", hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu")
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-1gpu"
+
+
+def test_workers_not_seen_for_long_are_forgotten(database_url: str) -> None:
+    with session() as s:
+        for worker_id in ("old", "recent"):
+            register_worker(session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="q")
+        s.execute(update(Worker).where(col(Worker.id) == "old").values(last_seen_at=utcnow() - timedelta(days=2)))
+        s.commit()
+        assert prune_workers(session=s, before=utcnow() - timedelta(days=1)) == 1
+        assert [w.id for w in s.exec(select(Worker)).all()] == ["recent"]
+
+
+def test_a_job_goes_to_the_smallest_live_worker_size_that_fits(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEQ_QUEUE", "tq")
+    get_settings.cache_clear()
+    settings = get_settings()
+    with session() as s:
+        assert route_job(session=s, settings=settings, num_gpus=1) is None  # no worker yet: wait for one
+        for worker_id, n in (("w2", 2), ("w8", 8)):
+            register_worker(
+                session=s, worker_id=worker_id, hostname="h", accelerator="cuda", device_count=n, queue=f"tq-{n}gpu"
+            )
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-2gpu"
+        assert route_job(session=s, settings=settings, num_gpus=2) == "tq-2gpu"
+        assert route_job(session=s, settings=settings, num_gpus=3) == "tq-8gpu"
+        assert route_job(session=s, settings=settings, num_gpus=9) is None
+        s.execute(update(Worker).where(col(Worker.id) == "w2").values(last_seen_at=utcnow() - timedelta(days=1)))
+        s.commit()
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-8gpu"  # the 2-GPU host is gone
+
+
+def test_a_dropped_delivery_is_published_again(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        mark_published(session=s, job_id=job.id, queue="q-1gpu")
+        assert unpublished_jobs(session=s, older_than=utcnow() - timedelta(days=1), live_since=utcnow()) == []
+        mark_unpublished(session=s, job_id=job.id)
+        assert [j.id for j in unpublished_jobs(session=s, older_than=utcnow(), live_since=utcnow())] == [job.id]

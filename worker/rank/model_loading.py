@@ -1,0 +1,79 @@
+"""Loading the job's model: safetensors only, no remote code, partitioned at load under ZeRO-3."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from shared.jobs.lora import LoraTargetError, add_lora
+from shared.jobs.spec import TrainingOptions, TrainingSpec, max_positions_of
+from worker.errors import InvalidInputError
+
+logger = logging.getLogger(__name__)
+
+ModelLoad = Literal["full", "partitioned"]
+
+# transformers finds ZeRO-3 through a weak reference to the live HfDeepSpeedConfig: it must
+# outlive from_pretrained (and anything after that asks is_deepspeed_zero3_enabled()).
+_zero3_config: Any = None
+
+
+def load_tokenizer(spec: TrainingSpec) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.model, revision=spec.revision, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load its tokenizer ({e})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def settle_training(spec: TrainingSpec) -> TrainingOptions:
+    """The job's training options settled for its model (``max_seq_length`` against the
+    model's positions), read from its config before any data is tokenized."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(spec.model, revision=spec.revision, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load its config ({e})") from None
+    try:
+        return spec.training.for_model(max_positions_of(config.to_dict()))
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+def load_model(spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_stage: int) -> tuple[Any, ModelLoad]:
+    """The model, and how it was built.
+
+    Under ZeRO-3 each layer is built inside ``deepspeed.zero.Init`` and only this rank's
+    shard of its weights is kept, so a model larger than one device (or one host's memory
+    per rank) loads; ``deepspeed_config`` must then hold numbers, not "auto".
+    """
+    global _zero3_config
+    from transformers import AutoModelForCausalLM
+
+    if zero_stage == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        _zero3_config = HfDeepSpeedConfig(deepspeed_config)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.model, revision=spec.revision, use_safetensors=True, trust_remote_code=False
+        )
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"model '{spec.model}': cannot load safetensors weights ({e})") from None
+    # ZeRO-3 marks every parameter it partitioned with a ds_id.
+    partitioned = zero_stage == 3 and all(hasattr(p, "ds_id") for p in model.parameters())
+    if zero_stage == 3 and not partitioned:
+        logger.warning("ZeRO-3: the model was not partitioned at load; every rank holds it whole until initialize")
+    # No KV cache in training; transformers also keeps packed samples apart only without one.
+    model.config.use_cache = False
+    if spec.training.lora is not None:
+        try:
+            model = add_lora(model, spec.training.lora)
+        except LoraTargetError as e:
+            raise InvalidInputError(str(e)) from None
+    return model, "partitioned" if partitioned else "full"
