@@ -27,24 +27,20 @@ from shared.db.models import (
     MetricsPublic,
     Worker,
 )
+from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
 from shared.jobs.spec import JobCreate, TrainingOptions
-from shared.jobs.validation import Hardware, JobValidationError, Problem, settled_training, validate_job_request
+from shared.jobs.validation import JobValidationError, Problem, settled_training, validate_job_request
 from shared.queue import enqueue_job
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-def deployment_hardware(*, session: Session, settings: Settings) -> Hardware:
-    """What the workers seen lately offer; unknown (None) when none has been seen."""
+def deployment_hardware(*, session: Session, settings: Settings) -> Hardware | None:
+    """The most the workers seen lately offer; None when none has been seen."""
     workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
-    if not workers:
-        return Hardware()
-    return Hardware(
-        cuda=any(w.accelerator == "cuda" for w in workers),
-        max_devices=max(w.device_count for w in workers),
-    )
+    return Hardware.most_of(Hardware(w.accelerator, w.device_count) for w in workers)
 
 
 class IdempotencyConflictError(Exception):

@@ -1,5 +1,9 @@
 """Starting and stopping a job's ranks, one process per device: forked from the warm start, or
-through DeepSpeed's own launcher."""
+through DeepSpeed's own launcher.
+
+A pool process makes one ``Launcher`` when it starts (``worker.tasks``) and hands it to the
+runner for every job it runs; the launcher owns that process's warm start.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from shared.jobs.hardware import Hardware
 from shared.ports import free_port
 from shared.settings import Settings
-from worker.rank import warm_start
 from worker.shm_buffers import remove_job_buffers
+from worker.warm_start import READY_TIMEOUT_SECONDS, RankStart, WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -29,21 +34,15 @@ TRAIN_MODULE = "worker.rank.train"
 OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 
-@dataclass(frozen=True)
-class HostHardware:
-    accelerator: str  # "cuda" or "cpu"
-    device_count: int
-
-
-def detect_hardware() -> HostHardware:
+def detect_hardware() -> Hardware:
     """Ask torch in a short-lived child, so the worker process itself never initialises CUDA
     (a CUDA context does not survive Celery's fork) and stays free of torch's memory."""
     probe = "import json, torch; print(json.dumps({'cuda': torch.cuda.is_available(), 'n': torch.cuda.device_count()}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     if facts["cuda"] and facts["n"] > 0:
-        return HostHardware("cuda", int(facts["n"]))
-    return HostHardware("cpu", os.cpu_count() or 1)
+        return Hardware("cuda", int(facts["n"]))
+    return Hardware("cpu", os.cpu_count() or 1)
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
@@ -51,13 +50,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     return {"HF_ENDPOINT": settings.hf_endpoint}  # hub models come from where hf:// datasets do
 
 
-def start_warm_start(hardware: HostHardware, settings: Settings) -> None:
-    """Bring up the warm start (worker.rank.warm_start) with the environment the ranks will have."""
-    env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
-    warm_start.warm_up({**env, **settings_environment(settings)})
-
-
-def build_ops(hardware: HostHardware) -> None:
+def build_ops(hardware: Hardware) -> None:
     """Compile DeepSpeed's ops with the ranks' environment (``tuneq build-ops``)."""
     env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
     subprocess.run([sys.executable, "-m", "worker.deepspeed_ops"], env=env, check=True, timeout=1800)
@@ -94,7 +87,7 @@ def deepspeed_arch_list(value: str) -> str:
     return ";".join(_ARCH_SUFFIX.sub(r"\1\2", entry.strip()) for entry in entries if entry.strip())
 
 
-def rank_environment(hardware: HostHardware, *, num_ranks: int, worker_pid: int) -> dict[str, str]:
+def rank_environment(hardware: Hardware, *, num_ranks: int, worker_pid: int) -> dict[str, str]:
     env = dict(os.environ)
     if (given := env.get("TORCH_CUDA_ARCH_LIST")) is not None:
         env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(given)
@@ -171,50 +164,76 @@ class LauncherRanks:
         remove_job_buffers(self.master_port)
 
 
-def launch_ranks(
-    *,
-    spec_path: Path,
-    num_ranks: int,
-    hardware: HostHardware,
-    log_path: Path,
-    cwd: Path,
-    env: dict[str, str] | None = None,
-    warm: bool = False,
-) -> RankGroup:
-    """Start one rank per device: forked from the warm start when ``warm`` and it came up
-    (worker.rank.warm_start), otherwise through DeepSpeed's launcher in its own session."""
-    env = {**rank_environment(hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **(env or {})}
-    master_port = free_port()
-    zygote = warm_start.warm_ranks() if warm else None
-    if zygote is not None:
-        logger.info("forking %d ranks for %s from the warm start", num_ranks, spec_path)
-        return zygote.fork(
-            [
-                warm_start.RankStart(
-                    env=launch_environment(env, rank=rank, num_ranks=num_ranks, master_port=master_port),
-                    spec_path=str(spec_path),
-                    log_path=str(log_path),
-                    cwd=str(cwd),
-                    local_rank=rank,
-                    title=f"tuneq rank {rank}/{num_ranks} -m {TRAIN_MODULE} --spec {spec_path}",
-                )
-                for rank in range(num_ranks)
-            ],
-            master_port=master_port,
-        )
-    cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port)
-    logger.info("launching %s", " ".join(cmd))
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return LauncherRanks(process, master_port=master_port)
+class Launcher:
+    """Starts one job's ranks at a time for a pool process: forked from its warm start when
+    that is up (``TUNEQ_LAUNCHER=warm``), otherwise through DeepSpeed's launcher in a session of
+    their own. The warm start comes up (imports) while the process is idle; one that died or
+    never came up is replaced for the next job."""
+
+    def __init__(self, *, hardware: Hardware, settings: Settings) -> None:
+        self.hardware = hardware
+        self.settings_env = settings_environment(settings)
+        self._warm: WarmStart | None = None
+        if settings.launcher == "warm":
+            # The zygote imports with the environment its ranks will have: what torch, DeepSpeed
+            # and the Hugging Face libraries read at import time must match.
+            env = rank_environment(hardware, num_ranks=1, worker_pid=os.getpid())
+            self._warm = WarmStart({**env, **self.settings_env})
+
+    def wait_until_warm(self, *, keep_alive: Callable[[], None], timeout: float = READY_TIMEOUT_SECONDS) -> None:
+        """Wait for the warm start to finish importing (it usually has: it imports while the
+        worker is idle), calling ``keep_alive`` every second, so that a job claimed just after the
+        worker started keeps its lease meanwhile. Returns at the timeout regardless: a warm start
+        not up by then means DeepSpeed's launcher."""
+        deadline = time.monotonic() + timeout
+        while self._warm is not None and time.monotonic() < deadline and not self._warm.settled(timeout=1.0):
+            keep_alive()
+
+    def launch_ranks(self, *, spec_path: Path, num_ranks: int, log_path: Path, cwd: Path) -> RankGroup:
+        """Start one rank per device for the job whose spec is ``spec_path``."""
+        env = {**rank_environment(self.hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **self.settings_env}
+        master_port = free_port()
+        warm = self._usable_warm_start()
+        if warm is not None:
+            logger.info("forking %d ranks for %s from the warm start", num_ranks, spec_path)
+            return warm.fork(
+                [
+                    RankStart(
+                        env=launch_environment(env, rank=rank, num_ranks=num_ranks, master_port=master_port),
+                        spec_path=str(spec_path),
+                        log_path=str(log_path),
+                        cwd=str(cwd),
+                        local_rank=rank,
+                        title=f"tuneq rank {rank}/{num_ranks} -m {TRAIN_MODULE} --spec {spec_path}",
+                    )
+                    for rank in range(num_ranks)
+                ],
+                master_port=master_port,
+            )
+        cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port)
+        logger.info("launching %s", " ".join(cmd))
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return LauncherRanks(process, master_port=master_port)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
+
+    def _usable_warm_start(self) -> WarmStart | None:
+        if self._warm is None or self._warm.usable():
+            return self._warm
+        if not self._warm.alive:
+            self._warm = WarmStart(self._warm.env)
+        return None
 
 
 def launch_environment(env: dict[str, str], *, rank: int, num_ranks: int, master_port: int) -> dict[str, str]:

@@ -17,32 +17,28 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import delete
-from sqlmodel import col
-
 from shared.db.engine import is_transient_database_error, session_scope
 from shared.db.lifecycle import (
     claim_job,
     finish_job,
     job_status,
     record_event,
-    record_progress,
     release_job,
     renew_lease,
+    rewind_job,
 )
-from shared.db.models import Checkpoint, ErrorCode, EventType, Job, JobMetric, JobStatus
-from shared.deepspeed.config import missing_packages, wants_fp16
+from shared.db.models import ErrorCode, EventType, Job, JobStatus
+from shared.deepspeed.config import missing_packages
 from shared.deepspeed.safety import sanitize_deepspeed_config
 from shared.jobs.events import RankError
+from shared.jobs.hardware import hardware_problems
 from shared.jobs.run_layout import RunLayout, read_from, tail_lines, write_json_atomic
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
-from shared.jobs.validation import FP16_NEEDS_CUDA
 from shared.settings import Settings
 from worker.disk_space import disk_problem
 from worker.ingest import EventIngestor
 from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
-from worker.launcher import HostHardware, RankGroup, launch_ranks, settings_environment
-from worker.rank import warm_start
+from worker.launcher import Launcher, RankGroup
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
@@ -64,16 +60,6 @@ class WorkerStopping(Exception):
 
 def _raise_stopping(signum: int, _frame: FrameType | None) -> None:
     raise WorkerStopping(signal.Signals(signum).name)
-
-
-def hardware_problem(*, num_gpus: int, deepspeed_config: dict[str, object], hardware: HostHardware) -> str | None:
-    if wants_fp16(deepspeed_config) and hardware.accelerator != "cuda":
-        return FP16_NEEDS_CUDA
-    if num_gpus > hardware.device_count:
-        unit = "GPUs" if hardware.accelerator == "cuda" else "CPU cores (this worker has no GPU)"
-        have = hardware.device_count
-        return f"num_gpus is {num_gpus} but this worker has {have} {unit}: ask for at most {have}"
-    return None
 
 
 # How a rank's exit reaches the job log: the warm start's line, or DeepSpeed's launch.py's
@@ -237,16 +223,13 @@ def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
             up_to_step=from_step,
         )
         leftovers.poll(session)
-        session.execute(delete(JobMetric).where(col(JobMetric.job_id) == job.id, col(JobMetric.step) > from_step))
-        session.execute(delete(Checkpoint).where(col(Checkpoint.job_id) == job.id, col(Checkpoint.step) > from_step))
-        record_progress(session=session, job_id=job.id, values={"events_offset": 0, "step": from_step})
-        if newest is not None:
-            record_event(
-                session,
-                job_id=job.id,
-                type=EventType.resumed,
-                data={"from_step": newest.step, "attempt": job.attempts, "checkpoint": newest.tag},
-            )
+        rewind_job(
+            session=session,
+            job_id=job.id,
+            to_step=from_step,
+            attempt=job.attempts,
+            checkpoint=newest.tag if newest is not None else None,
+        )
         session.commit()
     if newest is None:
         logger.info("job %s attempt %d starts over: no complete checkpoint", job.id, job.attempts)
@@ -339,7 +322,7 @@ def prepare_attempt(
     return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset)
 
 
-def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, worker_id: str) -> None:
+def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker_id: str) -> None:
     with session_scope() as session:
         job = claim_job(session=session, job_id=job_id, worker_id=worker_id, lease_ttl=settings.lease_ttl_seconds)
         if job is None:
@@ -355,7 +338,12 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
         problem = "; ".join([u.message for u in unsafe] + [m.message for m in missing])
         if not problem:
             code = ErrorCode.unsupported_hardware
-            problem = hardware_problem(num_gpus=job.num_gpus, deepspeed_config=config, hardware=hardware) or ""
+            problem = "; ".join(
+                p.message
+                for p in hardware_problems(
+                    num_gpus=job.num_gpus, deepspeed_config=config, hardware=launcher.hardware, whose="this worker"
+                )
+            )
         if problem:
             finish_job(session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=problem)
             return
@@ -367,8 +355,7 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
             attempt = prepare_attempt(
                 job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id, lease=lease
             )
-            if settings.launcher == "warm":
-                warm_start.wait_until_ready(keep_alive=lambda: _keep_alive(lease))
+            launcher.wait_until_warm(keep_alive=lambda: _keep_alive(lease))
         except InputProblem as e:
             _finish(job.id, JobStatus.failed, ErrorCode.invalid_input, str(e))
             return
@@ -396,7 +383,7 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, hardware: HostHardware, wo
             )
             _finish(job.id, JobStatus.failed, ErrorCode.internal_error, message)
             return
-        _supervise(attempt, settings=settings, hardware=hardware, lease=lease)
+        _supervise(attempt, settings=settings, launcher=launcher, lease=lease)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -446,14 +433,14 @@ class DatabaseOutage:
         self.since, self.delay = None, POLL_SECONDS
 
 
-def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, lease: LeaseKeeper) -> None:
+def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, lease: LeaseKeeper) -> None:
     job_id, layout = attempt.job_id, attempt.layout
     logger.info(
         "job %s attempt %d: starting %d ranks on %s",
         job_id,
         attempt.number,
         attempt.spec.num_gpus,
-        hardware.accelerator,
+        launcher.hardware.accelerator,
     )
     ingestor = EventIngestor(
         events_path=layout.events(attempt.number), log_path=layout.log, job_id=job_id, log_offset=attempt.log_offset
@@ -461,14 +448,8 @@ def _supervise(attempt: Attempt, *, settings: Settings, hardware: HostHardware, 
     outage = DatabaseOutage(job_id=job_id, lease=lease)
     process: RankGroup | None = None
     try:
-        process = launch_ranks(
-            spec_path=layout.spec,
-            num_ranks=attempt.spec.num_gpus,
-            hardware=hardware,
-            log_path=layout.log,
-            cwd=layout.root,
-            env=settings_environment(settings),
-            warm=settings.launcher == "warm",
+        process = launcher.launch_ranks(
+            spec_path=layout.spec, num_ranks=attempt.spec.num_gpus, log_path=layout.log, cwd=layout.root
         )
         started = time.monotonic()
         log_start = layout.log.stat().st_size if layout.log.exists() else 0  # where this attempt's lines begin

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import psutil
+from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
 
@@ -29,10 +30,11 @@ from shared.db.lifecycle import (
     stop_worker,
     touch_worker,
 )
+from shared.jobs.hardware import Hardware
 from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery, size_queue
 from shared.settings import get_settings
 from worker.disk_space import disk_problem
-from worker.launcher import HostHardware, detect_hardware, start_warm_start
+from worker.launcher import Launcher, detect_hardware
 from worker.reconciler import run_reconciler
 from worker.runner import run_job
 from worker.shm_buffers import remove_stale_buffers
@@ -45,7 +47,7 @@ HEARTBEAT_SECONDS = 30.0
 WORKER_STOP_DEADLINE_SECONDS = 60
 
 # Filled in the worker's main process before the pool forks, inherited by the children.
-_hardware: HostHardware | None = None
+_hardware: Hardware | None = None
 _worker_id = f"{socket.gethostname()}:{os.getpid()}"
 # Set when the worker starts shutting down; pool children forked after it inherit it.
 _stopping = threading.Event()
@@ -142,13 +144,12 @@ def _on_process_init(**_kwargs: Any) -> None:
     from shared.db.engine import get_engine
 
     get_engine().dispose(close=False)
-    # The warm start belongs to the pool process that runs the jobs; it imports while idle.
-    settings = get_settings()
-    if settings.launcher == "warm":
-        start_warm_start(current_hardware(), settings)
+    # The launcher, and with it the warm start, belongs to the pool process that runs the
+    # jobs: made now, the warm start imports while the process is idle.
+    run_job_task.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
 
 
-def current_hardware() -> HostHardware:
+def current_hardware() -> Hardware:
     global _hardware
     if _hardware is None:
         _hardware = detect_hardware()
@@ -165,8 +166,15 @@ def prepare_worker() -> str:
     return queue
 
 
-@celery_app.task(name=RUN_JOB_TASK)
-def run_job_task(job_id: str) -> None:
+class JobTask(Task):
+    """The run-job task's class. Celery makes one instance of a task per process, so a pool
+    process's launcher lives here: made when the process starts, used by every job it runs."""
+
+    launcher: Launcher | None = None
+
+
+@celery_app.task(name=RUN_JOB_TASK, base=JobTask, bind=True)
+def run_job_task(self: JobTask, job_id: str) -> None:
     if _stopping.is_set() or check_disk() is not None:
         # Not claimed: a reconciler publishes it again, to a live worker (this one is not, now).
         with session_scope() as session:
@@ -174,8 +182,10 @@ def run_job_task(job_id: str) -> None:
         return
     with session_scope() as session:
         set_worker_idle(session=session, worker_id=_worker_id, idle=False)
+    if self.launcher is None:  # run outside a pool process (Celery's solo pool)
+        self.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
     try:
-        run_job(uuid.UUID(job_id), settings=get_settings(), hardware=current_hardware(), worker_id=_worker_id)
+        run_job(uuid.UUID(job_id), settings=get_settings(), launcher=self.launcher, worker_id=_worker_id)
     finally:
         with session_scope() as session:
             set_worker_idle(session=session, worker_id=_worker_id, idle=True)

@@ -18,7 +18,17 @@ from sqlmodel import Session, col, or_, select
 # Imported for its SQLAlchemy listeners: every process that records events here (the API and the
 # workers' ingest) publishes the Redis wake-ups that event streams wait on, after each commit.
 import shared.db.job_events  # noqa: F401
-from shared.db.models import ErrorCode, EventType, Job, JobEvent, JobStatus, Worker, utcnow
+from shared.db.models import (
+    Checkpoint,
+    ErrorCode,
+    EventType,
+    Job,
+    JobEvent,
+    JobMetric,
+    JobStatus,
+    Worker,
+    utcnow,
+)
 from shared.queue import size_queue
 from shared.settings import Settings
 
@@ -277,6 +287,24 @@ def mark_published(*, session: Session, job_id: uuid.UUID, queue: str) -> None:
 
 def record_progress(*, session: Session, job_id: uuid.UUID, values: dict[str, Any]) -> None:
     session.execute(update(Job).where(col(Job.id) == job_id).values(**values))
+
+
+def rewind_job(*, session: Session, job_id: uuid.UUID, to_step: int, attempt: int, checkpoint: str | None) -> None:
+    """Attempt ``attempt`` takes the running job over from the lost one before it: it resumes
+    from ``checkpoint`` (the newest complete one, at ``to_step``) or starts over (None, step 0),
+    so what was recorded past that step is dropped (the new attempt trains those steps again,
+    and a checkpoint past it was never complete). The caller commits, with whatever it ingested
+    of the lost attempt up to that step."""
+    session.execute(delete(JobMetric).where(col(JobMetric.job_id) == job_id, col(JobMetric.step) > to_step))
+    session.execute(delete(Checkpoint).where(col(Checkpoint.job_id) == job_id, col(Checkpoint.step) > to_step))
+    record_progress(session=session, job_id=job_id, values={"events_offset": 0, "step": to_step})
+    if checkpoint is not None:
+        record_event(
+            session,
+            job_id=job_id,
+            type=EventType.resumed,
+            data={"from_step": to_step, "attempt": attempt, "checkpoint": checkpoint},
+        )
 
 
 def register_worker(

@@ -15,16 +15,13 @@ from typing import Any
 from shared.data.records import DatasetError, read_records
 from shared.data.remote import local_path, parse_dataset_uri
 from shared.deepspeed.auto_values import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
-from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config, wants_fp16
+from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config
 from shared.deepspeed.safety import sanitize_deepspeed_config
+from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.spec import JobCreate, TrainingOptions, max_positions_of
 from shared.settings import Settings
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-FP16_NEEDS_CUDA = (
-    "fp16 needs a CUDA GPU, and the workers of this deployment have none: set "
-    "deepspeed_config.fp16.enabled to false (bf16 works on CPUs), or run on a GPU worker"
-)
 
 
 @dataclass(frozen=True)
@@ -37,14 +34,6 @@ class JobValidationError(ValueError):
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.message}" for p in problems))
         self.problems = problems
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """What the live workers of a deployment offer. ``cuda`` is None when no worker is known."""
-
-    cuda: bool | None = None
-    max_devices: int | None = None
 
 
 def is_local_reference(value: str) -> bool:
@@ -154,7 +143,7 @@ def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Prob
     return fill_auto(job_in.deepspeed_config, inputs), problems
 
 
-def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware) -> dict[str, Any]:
+def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware | None) -> dict[str, Any]:
     """Raise JobValidationError with every problem found; else the config with "auto" filled
     as far as the API can (the worker fills the rest: total steps, a hub model's hidden size)."""
     problems: list[Problem] = []
@@ -187,16 +176,10 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
     except DeepSpeedConfigError as e:
         problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
     problems += [Problem(("body", "deepspeed_config", *e.loc), e.message) for e in missing_packages(resolved)]
-    if wants_fp16(resolved) and hardware.cuda is False:
-        problems.append(Problem(("body", "deepspeed_config", "fp16", "enabled"), FP16_NEEDS_CUDA))
-    if hardware.max_devices is not None and job_in.num_gpus > hardware.max_devices:
-        problems.append(
-            Problem(
-                ("body", "num_gpus"),
-                f"no worker has {job_in.num_gpus} devices (the largest has {hardware.max_devices}): "
-                f"ask for at most {hardware.max_devices}",
-            )
-        )
+    problems += [
+        Problem(("body", *p.loc), p.message)
+        for p in hardware_problems(num_gpus=job_in.num_gpus, deepspeed_config=resolved, hardware=hardware)
+    ]
     if problems:
         raise JobValidationError(problems)
     return resolved

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from shared.jobs.hardware import Hardware
 from worker import launcher
 from worker.deepspeed_ops import OPS
 
@@ -23,7 +24,7 @@ print(json.dumps({"loaded": loaded, "modules": sorted(OpBuilder._loaded_ops), "c
 def test_the_warm_start_preloads_every_op_for_its_forked_ranks() -> None:
     # In the ranks' environment (TORCH_EXTENSIONS_DIR: where `tuneq build-ops` put them), as the
     # zygote runs it. DeepSpeed's per-process cache of loaded ops is what a forked rank inherits.
-    env = launcher.rank_environment(launcher.HostHardware("cpu", 2), num_ranks=1, worker_pid=os.getpid())
+    env = launcher.rank_environment(Hardware("cpu", 2), num_ranks=1, worker_pid=os.getpid())
     done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     probe = json.loads(done.stdout.strip().splitlines()[-1])

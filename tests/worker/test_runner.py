@@ -9,22 +9,26 @@ from sqlmodel import Session
 from cli.samples import seed_config
 from shared.db.engine import get_engine
 from shared.db.models import Job, JobStatus
+from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.run_layout import RunLayout
 from shared.settings import get_settings
-from worker.launcher import HostHardware, deepspeed_arch_list, launch_command, rank_environment
-from worker.runner import failure_from_ranks, hardware_problem, host_failure, killed_rank, run_job
+from worker.launcher import Launcher, deepspeed_arch_list, launch_command, rank_environment
+from worker.runner import failure_from_ranks, host_failure, killed_rank, run_job
 
 
 def test_hardware_problems() -> None:
-    cpu = HostHardware("cpu", 2)
-    gpu = HostHardware("cuda", 4)
-    assert "fp16 needs a CUDA GPU" in (
-        hardware_problem(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=cpu) or ""
-    )
-    assert hardware_problem(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=gpu) is None
-    too_many = hardware_problem(num_gpus=8, deepspeed_config={}, hardware=gpu) or ""
-    assert "num_gpus is 8" in too_many and "at most 4" in too_many
-    assert hardware_problem(num_gpus=2, deepspeed_config=seed_config(fp16=False), hardware=cpu) is None
+    cpu = Hardware("cpu", 2)
+    gpu = Hardware("cuda", 4)
+    (fp16,) = hardware_problems(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=cpu)
+    assert fp16.loc == ("deepspeed_config", "fp16", "enabled") and "fp16 needs a CUDA GPU" in fp16.message
+    assert hardware_problems(num_gpus=1, deepspeed_config=seed_config(fp16=True), hardware=gpu) == []
+    (too_many,) = hardware_problems(num_gpus=8, deepspeed_config={}, hardware=gpu, whose="this worker")
+    assert too_many.loc == ("num_gpus",)
+    assert "num_gpus is 8 but this worker has 4 GPUs" in too_many.message and "at most 4" in too_many.message
+    assert hardware_problems(num_gpus=2, deepspeed_config=seed_config(fp16=False), hardware=cpu) == []
+    assert hardware_problems(num_gpus=64, deepspeed_config=seed_config(fp16=True), hardware=None) == []  # unknown
+    assert Hardware.most_of([cpu, gpu, Hardware("cpu", 16)]) == Hardware("cuda", 16)
+    assert Hardware.most_of([]) is None
 
 
 def test_fp16_job_on_a_cpu_worker_fails_at_once_with_a_plain_message(database_url: str) -> None:
@@ -32,7 +36,9 @@ def test_fp16_job_on_a_cpu_worker_fails_at_once_with_a_plain_message(database_ur
         job = Job(model="a/b", dataset="/d", deepspeed_config=seed_config(fp16=True), num_gpus=1, training={})
         session.add(job)
         session.commit()
-    run_job(job.id, settings=get_settings(), hardware=HostHardware("cpu", 2), worker_id="w")
+    # A cold launcher: the job fails before any rank would start.
+    cold = Launcher(hardware=Hardware("cpu", 2), settings=get_settings().model_copy(update={"launcher": "deepspeed"}))
+    run_job(job.id, settings=get_settings(), launcher=cold, worker_id="w")
     with Session(get_engine()) as session:
         done = session.get(Job, job.id)
     assert done is not None and done.status == JobStatus.failed
@@ -109,19 +115,19 @@ def test_launch_command_is_deepspeeds_launcher(tmp_path: Path) -> None:
 
 
 def test_rank_environment_sets_the_cpu_accelerator_only_without_gpus(monkeypatch: object) -> None:
-    cpu_env = rank_environment(HostHardware("cpu", 4), num_ranks=2, worker_pid=123)
+    cpu_env = rank_environment(Hardware("cpu", 4), num_ranks=2, worker_pid=123)
     assert cpu_env["DS_ACCELERATOR"] == "cpu" and cpu_env["TUNEQ_WORKER_PID"] == "123"
-    gpu_env = rank_environment(HostHardware("cuda", 4), num_ranks=2, worker_pid=123)
+    gpu_env = rank_environment(Hardware("cuda", 4), num_ranks=2, worker_pid=123)
     assert gpu_env.get("DS_ACCELERATOR") == __import__("os").environ.get("DS_ACCELERATOR")
 
 
 def test_rank_environment_gives_deepspeed_an_arch_list_it_can_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     # GPU images set arch-specific targets ("9.0a", "10.0f") that DeepSpeed's op builder cannot read.
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0a;10.0f+PTX; 12.0+PTX")
-    env = rank_environment(HostHardware("cuda", 1), num_ranks=1, worker_pid=1)
+    env = rank_environment(Hardware("cuda", 1), num_ranks=1, worker_pid=1)
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX;12.0+PTX"
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
-    assert "TORCH_CUDA_ARCH_LIST" not in rank_environment(HostHardware("cuda", 1), num_ranks=1, worker_pid=1)
+    assert "TORCH_CUDA_ARCH_LIST" not in rank_environment(Hardware("cuda", 1), num_ranks=1, worker_pid=1)
 
 
 def test_the_arch_list_tuneq_passes_on_is_one_deepspeeds_op_builder_accepts(monkeypatch: pytest.MonkeyPatch) -> None:

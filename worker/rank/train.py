@@ -29,6 +29,7 @@ from shared.jobs.events import MetricEvent, PlanEvent
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import TrainingSpec
 from worker.errors import InvalidInputError
+from worker.process_table import process_running
 from worker.rank.reporting import EventWriter, write_rank_error
 
 logger = logging.getLogger("worker.rank.train")
@@ -36,22 +37,6 @@ logger = logging.getLogger("worker.rank.train")
 # Set by the worker: the ranks exit when that process is gone (see watch_worker).
 WORKER_PID_ENV = "TUNEQ_WORKER_PID"
 WATCH_INTERVAL_SECONDS = 2.0
-
-
-def process_running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0).
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def watch_worker() -> None:

@@ -10,8 +10,9 @@ import pytest
 
 from shared.deepspeed.auto_values import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed.config import resolve_deepspeed_config
+from shared.jobs.hardware import Hardware
 from shared.jobs.spec import JobCreate, TrainingOptions
-from shared.jobs.validation import Hardware, JobValidationError, validate_job_request
+from shared.jobs.validation import JobValidationError, validate_job_request
 from shared.settings import Settings
 
 # The ZeRO-2 and ZeRO-3 configs of the Hugging Face DeepSpeed integration docs.
@@ -148,7 +149,7 @@ def submit(tuneq_home: Path, config: dict[str, Any], hardware: Hardware | None =
     dataset = tuneq_home / "data" / "train.jsonl"
     dataset.write_text('{"text": "hello"}\n')
     job = JobCreate(model=str(model), dataset=str(dataset), deepspeed_config=config, num_gpus=2, training=training)
-    return validate_job_request(job, settings=Settings(), hardware=hardware or Hardware())
+    return validate_job_request(job, settings=Settings(), hardware=hardware)
 
 
 def test_submit_resolves_what_it_can_with_the_local_models_hidden_size(tuneq_home: Path) -> None:
@@ -169,5 +170,5 @@ def test_auto_where_tuneq_cannot_fill_it_is_refused_by_name(tuneq_home: Path) ->
 
 def test_auto_precision_is_checked_against_the_hardware(tuneq_home: Path) -> None:
     with pytest.raises(JobValidationError, match="fp16 needs a CUDA GPU"):
-        submit(tuneq_home, HF_ZERO2, Hardware(cuda=False, max_devices=2), precision="fp16")
-    assert submit(tuneq_home, HF_ZERO2, Hardware(cuda=False, max_devices=2), precision="bf16")["bf16"]["enabled"]
+        submit(tuneq_home, HF_ZERO2, Hardware("cpu", 2), precision="fp16")
+    assert submit(tuneq_home, HF_ZERO2, Hardware("cpu", 2), precision="bf16")["bf16"]["enabled"]

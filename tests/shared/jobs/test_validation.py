@@ -10,8 +10,9 @@ import pytest
 
 from cli.samples import seed_config
 from shared.deepspeed.config import DeepSpeedConfigError, resolve_deepspeed_config
+from shared.jobs.hardware import Hardware
 from shared.jobs.spec import JobCreate
-from shared.jobs.validation import Hardware, JobValidationError, validate_job_request
+from shared.jobs.validation import JobValidationError, validate_job_request
 from shared.settings import Settings
 
 
@@ -39,7 +40,7 @@ def job(model: Path | str, dataset: Path | str, **overrides: Any) -> JobCreate:
 
 def problems(job_in: JobCreate, settings: Settings, hardware: Hardware | None = None) -> dict[tuple[Any, ...], str]:
     try:
-        validate_job_request(job_in, settings=settings, hardware=hardware or Hardware())
+        validate_job_request(job_in, settings=settings, hardware=hardware)
     except JobValidationError as e:
         return {p.loc: p.message for p in e.problems}
     return {}
@@ -157,15 +158,15 @@ def test_zero_stage_and_offload_device_use_deepspeeds_message(
 
 def test_fp16_needs_cuda_when_the_workers_are_known(settings: Settings, model_dir: Path, dataset: Path) -> None:
     seed = job(model_dir, dataset, deepspeed_config=seed_config(fp16=True))
-    cpu_only = problems(seed, settings, Hardware(cuda=False, max_devices=2))
+    cpu_only = problems(seed, settings, Hardware("cpu", 2))
     assert "fp16 needs a CUDA GPU" in cpu_only[("body", "deepspeed_config", "fp16", "enabled")]
-    assert problems(seed, settings, Hardware(cuda=True, max_devices=8)) == {}
-    assert problems(seed, settings, Hardware()) == {}  # unknown: the worker decides, within seconds
+    assert problems(seed, settings, Hardware("cuda", 8)) == {}
+    assert problems(seed, settings, None) == {}  # unknown: the worker decides, within seconds
 
 
 def test_more_devices_than_any_worker_has(settings: Settings, model_dir: Path, dataset: Path) -> None:
     config = seed_config(fp16=False, train_batch_size=4)
-    found = problems(job(model_dir, dataset, num_gpus=4, deepspeed_config=config), settings, Hardware(False, 2))
+    found = problems(job(model_dir, dataset, num_gpus=4, deepspeed_config=config), settings, Hardware("cpu", 2))
     assert "at most 2" in found[("body", "num_gpus")]
 
 

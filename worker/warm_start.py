@@ -3,7 +3,7 @@
 A cold ``deepspeed`` launch spends most of the time before its first step importing torch,
 DeepSpeed and transformers: in the launcher's runner, again in ``launch.py``, again in every
 rank (about 10 s each on a small host). The warm start pays that once per worker process:
-``python -m worker.rank.warm_start`` (the *zygote*) imports them (``PRELOAD``) and loads DeepSpeed's
+``python -m worker.rank.zygote`` (the *zygote*) imports them (``PRELOAD``) and loads DeepSpeed's
 optimizer ops (``deepspeed_ops.preload_ops``: seconds a rank, even when built) while the worker
 is idle, and each job's ranks are ``fork()``-ed from it. A rank gets the environment DeepSpeed's
 ``launch.py`` gives its ranks (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
@@ -23,45 +23,25 @@ not come up, the worker logs why and uses DeepSpeed's launcher.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import IO, Any
+from typing import Any
 
-import setproctitle
-
-from worker.deepspeed_ops import preload_ops
-from worker.rank.train import process_running
+from worker.process_table import process_running
 from worker.shm_buffers import remove_job_buffers
 
 logger = logging.getLogger(__name__)
 
-# What the zygote imports once: everything a rank imports before its first step. The model
-# class of a given architecture (e.g. modeling_gpt_neo) is still imported per job.
-PRELOAD = (
-    "torch",
-    "deepspeed",
-    "transformers",
-    "transformers.modeling_utils",
-    "transformers.integrations.deepspeed",
-    "peft",
-    "worker.rank.train",
-    "worker.rank.checkpointing",
-    "worker.rank.batches",
-    "worker.rank.model_loading",
-    "shared.data.prepared",
-)
+ZYGOTE_MODULE = "worker.rank.zygote"
 READY_TIMEOUT_SECONDS = 300.0  # the first import of torch on a cold disk can take minutes
 START_TIMEOUT_SECONDS = 60.0
 FAILED_RANK_GRACE_SECONDS = 5.0
@@ -92,7 +72,7 @@ class WarmStart:
         self._exits: dict[int, int] = {}
         self._gone = False
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "worker.rank.warm_start"],
+            [sys.executable, "-m", ZYGOTE_MODULE],
             env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -174,11 +154,7 @@ class WarmStart:
             with self._changed:
                 if "ready" in message:
                     self._ready = message
-                    logger.info(
-                        "warm start ready in %.1fs (%s imported)",
-                        time.monotonic() - self._started_at,
-                        ", ".join(PRELOAD[:3]),
-                    )
+                    logger.info("warm start ready in %.1fs", time.monotonic() - self._started_at)
                 elif "started" in message:
                     self._started.append(int(message["started"]))
                 elif "exited" in message:
@@ -251,131 +227,3 @@ class ForkedRanks:
             except ProcessLookupError:  # forked a moment ago, not yet its own group leader
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-
-
-_current: WarmStart | None = None
-
-
-def warm_up(env: Mapping[str, str]) -> None:
-    """Start this worker process's zygote with the environment its ranks will have (what
-    torch, DeepSpeed and the Hugging Face libraries read at import time must match)."""
-    global _current
-    _current = WarmStart(env)
-
-
-def wait_until_ready(*, keep_alive: Callable[[], None], timeout: float = READY_TIMEOUT_SECONDS) -> None:
-    """Wait for this worker's zygote to finish importing (it usually has: it imports while the
-    worker is idle), calling ``keep_alive`` every second, so that a job claimed just after the
-    worker started keeps its lease meanwhile. Returns at the timeout regardless: a zygote not
-    up by then means DeepSpeed's launcher."""
-    zygote = _current
-    deadline = time.monotonic() + timeout
-    while zygote is not None and time.monotonic() < deadline and not zygote.settled(timeout=1.0):
-        keep_alive()
-
-
-def warm_ranks() -> WarmStart | None:
-    """The zygote, if ranks can be forked from it now; None otherwise (a zygote that died or
-    never came up is replaced for the next job)."""
-    global _current
-    if _current is None:
-        return None
-    if _current.usable():
-        return _current
-    if not _current.alive:
-        _current = WarmStart(_current.env)
-    return None
-
-
-# The zygote: ``python -m worker.rank.warm_start``.
-
-
-def serve() -> None:
-    """Import PRELOAD, say so, then fork a rank per request until the worker closes stdin."""
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what the imports (and anything else) print goes to the log, not the protocol
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker, which decides
-    for module in PRELOAD:
-        __import__(module)
-    import torch
-
-    preload_ops()
-
-    protocol.write(json.dumps({"ready": True, "cuda_initialised": torch.cuda.is_initialized()}) + "\n")
-    ranks: dict[int, RankStart] = {}
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0], [], [], 0.2)
-        if readable:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                return  # the worker is gone; its ranks stop themselves (worker.rank.train.watch_worker)
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                start = RankStart(**json.loads(line))
-                pid = os.fork()
-                if pid == 0:
-                    _become_rank(start, protocol)
-                ranks[pid] = start
-                protocol.write(json.dumps({"started": pid}) + "\n")
-        _reap(ranks, protocol)
-
-
-def _reap(ranks: dict[int, RankStart], protocol: IO[str]) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        code = os.waitstatus_to_exitcode(status)
-        if (start := ranks.pop(pid, None)) is not None:
-            # The job log's last word on the rank, as DeepSpeed's launch.py writes one.
-            with contextlib.suppress(OSError), open(start.log_path, "a", encoding="utf-8") as log:
-                log.write(f"tuneq warm start: rank {start.local_rank} (pid {pid}) exited with status {code}\n")
-        protocol.write(json.dumps({"exited": pid, "code": code}) + "\n")
-
-
-def _become_rank(start: RankStart, protocol: IO[str]) -> None:
-    """In the forked child: become what DeepSpeed's launcher would have started, then exit."""
-    code = 1
-    try:
-        os.close(protocol.fileno())  # not .close(): that would flush the zygote's buffer twice
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.setsid()  # its own group, as the launcher's ranks are, so stop() reaches its children
-        setproctitle.setproctitle(start.title)  # `ps` shows which job's rank this is
-        log = os.open(start.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.chdir(start.cwd)
-        os.environ.clear()
-        os.environ.update(start.env)
-        import torch
-
-        # OMP_NUM_THREADS was read when the zygote imported torch; this job's share may differ.
-        if threads := start.env.get("OMP_NUM_THREADS"):
-            torch.set_num_threads(int(threads))
-        from worker.rank.train import main
-
-        main(["--spec", start.spec_path, f"--local_rank={start.local_rank}"])
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()  # what a normal interpreter exit would run
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-if __name__ == "__main__":
-    serve()

@@ -1,5 +1,5 @@
 """The warm start's zygote for real: it imports, forks ranks that run worker.rank.train, reports
-their exit, and a worker whose zygote cannot come up uses DeepSpeed's launcher."""
+their exit, and a launcher whose zygote cannot come up uses DeepSpeed's launcher."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from worker import launcher
-from worker.launcher import HostHardware, LauncherRanks
-from worker.rank import warm_start
+from shared.jobs.hardware import Hardware
+from shared.settings import Settings
+from worker import launcher, warm_start
+from worker.launcher import Launcher, LauncherRanks
 
-CPU = HostHardware("cpu", 2)
+CPU = Hardware("cpu", 2)
 
 
 @pytest.fixture(scope="module")
@@ -80,27 +81,21 @@ def test_stop_kills_a_rank_that_ignores_sigterm(zygote: warm_start.WarmStart, tm
 def test_a_zygote_that_cannot_start_means_deepspeeds_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     python = sys.executable
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    warm_start.warm_up(launcher.rank_environment(CPU, num_ranks=1, worker_pid=os.getpid()))
-    dead = warm_start._current
-    warm_start.wait_until_ready(keep_alive=lambda: None)  # as the runner does before launching
+    ranks_launcher = Launcher(hardware=CPU, settings=Settings(launcher="warm"))
+    dead = ranks_launcher._warm
+    ranks_launcher.wait_until_warm(keep_alive=lambda: None)  # as the runner does before launching
     monkeypatch.setattr(sys, "executable", python)
     (tmp_path / "spec.json").write_text("{}")
-    ranks = launcher.launch_ranks(
-        spec_path=tmp_path / "spec.json",
-        num_ranks=1,
-        hardware=CPU,
-        log_path=tmp_path / "train.log",
-        cwd=tmp_path,
-        warm=True,
+    ranks = ranks_launcher.launch_ranks(
+        spec_path=tmp_path / "spec.json", num_ranks=1, log_path=tmp_path / "train.log", cwd=tmp_path
     )
     try:
         assert isinstance(ranks, LauncherRanks)
     finally:
         ranks.stop(grace_seconds=0)
-    replacement = warm_start._current  # the dead zygote was replaced, for the next job
-    monkeypatch.setattr(warm_start, "_current", None)
+    replacement = ranks_launcher._warm  # the dead zygote was replaced, for the next job
     assert replacement is not None and replacement is not dead
     try:
         assert replacement.usable(timeout=300)
     finally:
-        replacement.close()
+        ranks_launcher.close()
