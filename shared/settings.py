@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     # per line) for a log collector. Training logs in the run directory stay text either way.
     log_format: Literal["text", "json"] = "text"
     # How a worker starts a job's ranks: "warm" forks them from a process that imported torch,
-    # DeepSpeed and transformers while the worker was idle (worker.rank.warm_start; the first step
+    # DeepSpeed and transformers while the worker was idle (worker.rank.zygote; the first step
     # comes about 10 s sooner); "deepspeed" runs DeepSpeed's own launcher for every job. A
     # worker whose warm start cannot come up uses the launcher anyway.
     launcher: Literal["warm", "deepspeed"] = "warm"

@@ -45,7 +45,7 @@ REDIS_URL = os.environ.get("TUNEQ_SOAK_REDIS_URL", "redis://127.0.0.1:6379/14")
 # What belongs to a tuneq deployment in the process table (see ARCHITECTURE.md, process model).
 TUNEQ_PROCESS_MARKERS = (
     "cli.main",
-    "worker.rank.warm_start",
+    "worker.rank.zygote",
     "worker.rank.train",
     "tuneq rank",
     "celeryd",

@@ -45,7 +45,7 @@ def build_ops() -> list[str]:
 
 def preload_ops() -> list[str]:
     """Load the ops of OPS into this process where that cannot initialise CUDA: for the warm
-    start (worker.rank.warm_start), whose forked ranks then find them loaded (DeepSpeed keeps the
+    start (worker.rank.zygote), whose forked ranks then find them loaded (DeepSpeed keeps the
     ops it loaded per process) instead of each spending seconds in ``torch.utils.cpp_extension``
     checking a JIT build. An op built into DeepSpeed (DS_BUILD_*) is an import; a JIT build is
     loaded (compiled, if ``tuneq build-ops`` did not) only on the CPU accelerator: on a GPU it
