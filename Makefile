@@ -24,11 +24,15 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/tuneq demo
 
+# Two test processes (pytest-xdist), each file's tests in one of them so a module's shared
+# service is started once: the end-to-end tests wait on jobs and processes as much as they compute.
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 # A few hundred tiny jobs while Postgres and Redis restart and a worker stops (tests/soak.py):
 # every job run once, no 5xx but 503 + Retry-After, nothing left in /dev/shm or the process

@@ -7,6 +7,7 @@ Tests that need Postgres or Redis skip when those are down, except under
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,14 @@ from cli.samples import build_tiny_model, write_text_dataset
 from tests.services import fresh_postgres_schema
 
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# pytest-xdist runs tests in several processes (`make test`): each gets a Redis database of its
+# own (15, 13, ...; the soak uses 14), since some tests flush theirs. Postgres needs nothing:
+# every test makes a schema of its own.
+_XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - 2 * _XDIST_INDEX}")
+# How long a job's all-reduce buffers may outlive its ranks: the worker removes them at its
+# next poll (about a second), and a job of a test running beside this one may be in between.
+BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 
 
 def require_service(name: str, reason: str) -> None:
@@ -48,11 +56,17 @@ def no_leaked_allreduce_buffers() -> Iterator[None]:
     pattern = f"{BUFFER_PREFIX}_{os.getuid()}_*"
     before = set(SHM_DIR.glob(pattern))
     yield
-    new = set(SHM_DIR.glob(pattern)) - before
-    if new:  # a job still running in a service shared with later tests maps its own
-        mapped = mapped_paths()
+    deadline = time.monotonic() + BUFFER_REMOVAL_GRACE_SECONDS
+    while True:
+        # A job still running (in a service shared with later tests, or in a test running
+        # beside this one) maps its own; one whose ranks just ended has its removed in a moment.
+        new = set(SHM_DIR.glob(pattern)) - before
+        mapped = mapped_paths() if new else set()
         leaked = sorted(str(p) for p in new if p.exists() and str(p) not in mapped)
-        assert not leaked, f"this test's jobs left DeepSpeed all-reduce buffers behind: {leaked}"
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not leaked, f"jobs of this test (or of one beside it) left DeepSpeed all-reduce buffers behind: {leaked}"
 
 
 @pytest.fixture

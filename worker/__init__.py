@@ -1,1 +1,3 @@
-"""Execution: the Celery task, the DeepSpeed launcher, the training entrypoint and ingestion."""
+"""Execution: the Celery task (``tasks``), one job attempt (``runner``), starting ranks
+(``launcher``, ``warm_start``), reading what they write into SQL (``ingest``), and the host's
+housekeeping. What runs inside the training processes is ``worker/rank/``."""

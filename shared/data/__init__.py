@@ -1,0 +1,3 @@
+"""Training data: ``records`` (formats and checks), ``remote`` (which URIs a job may name, and
+their content-addressed download cache), ``tokenized`` (records to token ids, cached) and
+``prepared`` (split, packed into rows, counted in steps: what the run and the plan see)."""
