@@ -292,6 +292,7 @@ class FineTuneRecipe:
         """Optimizer steps up to ``total_steps``, then the final checkpoint. False when a
         stop (SIGTERM on any rank) was agreed after a step: no final checkpoint, no export."""
         engine, opts = self.engine, self.opts
+        eval_every, save_every = opts.eval_every_steps, opts.checkpoint_every_steps
         data = self._micro_batches()
         window = MetricsWindow()
         engine.train()
@@ -305,15 +306,13 @@ class FineTuneRecipe:
             assert engine.global_steps == step  # DeepSpeed's accumulation boundary is this loop's end
             self.step = step
 
-            eval_every = opts.eval_every_steps
             eval_loss = None
             if self.eval_loader is not None and (step == self.total_steps or (eval_every and step % eval_every == 0)):
                 eval_loss = evaluate(engine, self.eval_loader)
             if step % opts.log_every_steps == 0 or step == self.total_steps or eval_loss is not None:
                 self._report(window, eval_loss)
                 window = MetricsWindow()
-            every = opts.checkpoint_every_steps
-            if every and step % every == 0 and step < self.total_steps:
+            if save_every and step % save_every == 0 and step < self.total_steps:
                 self.save_checkpoint()
             if step < self.total_steps and self.stop.agreed(engine.device):
                 logger.info("stop requested: leaving after step %d", step)
