@@ -58,6 +58,10 @@ class Batch:
     samples: int
     slots: int  # rows x width: real tokens plus padding
 
+    def inputs_on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments, moved to ``device``."""
+        return {name: tensor.to(device) for name, tensor in self.inputs.items()}
+
 
 class RowCollator:
     """Pad a batch of rows to its longest (padding is never a label and never attended to), or

@@ -33,6 +33,7 @@ PRELOAD = (
     "transformers.integrations.deepspeed",
     "peft",
     "worker.rank.train",
+    "worker.rank.recipe",
     "worker.rank.checkpointing",
     "worker.rank.batches",
     "worker.rank.model_loading",

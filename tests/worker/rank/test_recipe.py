@@ -1,0 +1,138 @@
+"""The training recipe for real, on one CPU rank: per-step metrics, gradient accumulation,
+checkpoints and the export, and a resume that continues where the checkpoint left off.
+
+The runs happen in a spawned child, not in pytest's process: DeepSpeed's process group lives
+as long as the process does, the recipe installs a SIGTERM handler (StopRequested), and the
+rank's environment (RANK, MASTER_PORT, DS_ACCELERATOR...) must be set before DeepSpeed is
+imported. One child runs every run of the test, so torch and DeepSpeed are imported once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, training_event_adapter
+from shared.jobs.run_layout import CheckpointManifest, RunLayout
+from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
+from shared.ports import free_port
+from worker import launcher
+from worker.shm_buffers import remove_job_buffers
+
+# Every "auto" the ranks fill: batch sizes, learning rate and, once the data is batched,
+# the scheduler's total and warmup steps. fp32 (no fp16/bf16 section), so losses repeat exactly.
+DEEPSPEED_CONFIG: dict[str, Any] = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "optimizer": {"type": "Adam", "params": {"lr": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+}
+# 64 records, one per row: 64 // (4 x 2) = 8 optimizer steps an epoch, 16 in all.
+TRAINING = TrainingOptions(
+    epochs=2,
+    packing=False,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    checkpoint_every_steps=4,
+    learning_rate=1e-3,
+    warmup_steps=2,
+    seed=7,
+)
+
+
+def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
+    """In the spawned child: become rank 0 of 1, then run each spec as worker.rank.train does."""
+    os.environ.update(environment)
+    from worker.rank.train import run
+
+    for text in specs:
+        spec = TrainingSpec.model_validate_json(text)
+        run(spec, RunLayout(Path(spec.run_dir)))
+
+
+def train(specs: list[TrainingSpec]) -> None:
+    port = free_port()
+    env = launcher.rank_environment(launcher.HostHardware("cpu", 1), num_ranks=1, worker_pid=0)
+    env = launcher.launch_environment(env, rank=0, num_ranks=1, master_port=port)
+    child = multiprocessing.get_context("spawn").Process(
+        target=train_in_child, args=([s.model_dump_json() for s in specs], env)
+    )
+    child.start()
+    child.join(timeout=600)
+    try:
+        assert child.exitcode == 0, f"the recipe's process exited with {child.exitcode}"
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+        remove_job_buffers(port)
+
+
+def events_of(spec: TrainingSpec) -> list[Any]:
+    lines = RunLayout(Path(spec.run_dir)).events(spec.attempt).read_text().splitlines()
+    return [training_event_adapter.validate_json(line) for line in lines]
+
+
+def losses_of(events: list[Any]) -> dict[int, float | None]:
+    return {e.step: e.loss for e in events if isinstance(e, MetricEvent)}
+
+
+def test_a_run_reports_every_step_and_a_resume_continues_it(
+    tuneq_home: Path, tiny_model: Path, text_dataset: Path
+) -> None:
+    def spec(name: str, resume_from: ResumePoint | None = None) -> TrainingSpec:
+        run_dir = tuneq_home / "runs" / name
+        run_dir.mkdir(parents=True)  # as the worker makes it before starting the ranks
+        return TrainingSpec(
+            job_id=uuid.uuid4(),
+            resume_from=resume_from,
+            model=str(tiny_model),
+            dataset=str(text_dataset),
+            deepspeed_config=DEEPSPEED_CONFIG,
+            num_gpus=1,
+            training=TRAINING,
+            run_dir=str(run_dir),
+            cache_dir=str(tuneq_home / "cache"),
+        )
+
+    full = spec("full")
+    checkpoints = RunLayout(Path(full.run_dir)).checkpoints_dir
+
+    def resumed(name: str, step: int) -> TrainingSpec:
+        tag = f"step-{step:08d}"
+        return spec(name, ResumePoint(checkpoints_dir=str(checkpoints), tag=tag, step=step))
+
+    # From step 4: halfway through the first epoch. From step 8: its end (the next epoch's start).
+    mid_epoch, epoch_end = resumed("mid-epoch", 4), resumed("epoch-end", 8)
+    train([full, mid_epoch, epoch_end])
+
+    events = events_of(full)
+    plan = events[0]
+    assert isinstance(plan, PlanEvent)
+    assert (plan.steps_per_epoch, plan.total_steps) == (8, 16)  # optimizer steps, not micro-batches
+    assert plan.deepspeed_config is not None
+    assert plan.deepspeed_config["scheduler"]["params"]["total_num_steps"] == 16
+    metrics = [e for e in events if isinstance(e, MetricEvent)]
+    assert [m.step for m in metrics] == list(range(1, 17))
+    assert all(m.loss is not None and m.loss > 0 for m in metrics)
+    assert metrics[-1].loss < metrics[0].loss  # type: ignore[operator]
+    assert metrics[-1].epoch == 2.0
+    saved = [(e.kind, e.step) for e in events if isinstance(e, CheckpointEvent)]
+    assert saved == [("deepspeed", 4), ("deepspeed", 8), ("deepspeed", 12), ("deepspeed", 16), ("model", 16)]
+    manifest = CheckpointManifest.read(checkpoints / "step-00000016")
+    assert manifest is not None and manifest.step == 16
+    model_dir = RunLayout(Path(full.run_dir)).model_dir
+    assert CheckpointManifest.read(model_dir) is not None
+    assert (model_dir / "model.safetensors").exists() and (model_dir / "config.json").exists()
+
+    losses = losses_of(events)
+    for run, first_step in ((mid_epoch, 5), (epoch_end, 9)):
+        continued = events_of(run)
+        assert losses_of(continued) == {step: losses[step] for step in range(first_step, 17)}
+        last = [e for e in continued if isinstance(e, MetricEvent)][-1]
+        assert (last.tokens_seen, last.epoch) == (metrics[-1].tokens_seen, 2.0)

@@ -1,0 +1,395 @@
+"""What one rank does for a job, from its spec to the exported model, as a recipe.
+
+Like a torchtune recipe, one class holds the run and reads top to bottom: ``setup()`` builds
+the tokenizer, the data, the model and the DeepSpeed engine (and puts it where a checkpoint
+left off), ``train()`` is the classic DeepSpeed loop, ``engine(**inputs)``,
+``engine.backward(loss)``, ``engine.step()``, with the micro-batches of one optimizer step
+as its inner loop, then ``export()`` and ``cleanup()``. Rank 0 reports the plan, metrics and
+checkpoints as JSON lines for the worker (``worker.rank.reporting``); no rank touches SQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+from deepspeed import comm as dist
+from transformers import set_seed
+
+from shared.data.prepared import count_steps_per_epoch, count_total_steps, load_training_data
+from shared.data.records import DatasetError
+from shared.data.tokenized import TokenizationError
+from shared.deepspeed.auto_values import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
+from shared.deepspeed.config import DeepSpeedConfigError, resolve_deepspeed_config
+from shared.jobs.events import MetricEvent, PlanEvent
+from shared.jobs.run_layout import RunLayout
+from shared.jobs.spec import TrainingOptions, TrainingSpec
+from worker.errors import InvalidInputError
+from worker.rank import checkpointing
+from worker.rank.batches import IGNORE_INDEX, Batch, SampleRows, make_loader
+from worker.rank.model_loading import load_model, load_tokenizer, settle_training
+from worker.rank.reporting import EventWriter
+
+logger = logging.getLogger(__name__)
+
+
+class StopRequested:
+    """SIGTERM (cancel, or the worker stopping) lets the current step finish, then the loop exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, _signum: int, _frame: Any) -> None:
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """True on every rank once any rank got SIGTERM, so all leave after the same step
+        (a rank that stayed would wait forever in the next collective)."""
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+
+@dataclass
+class MetricsWindow:
+    """What the micro-batches since the last report add up to: one rank's, until ``summed``."""
+
+    loss_sum: float = 0.0
+    micro_batches: int = 0
+    real_tokens: int = 0
+    samples: int = 0
+    token_slots: int = 0  # rows x padded width: real tokens plus padding
+    started: float = field(default_factory=time.perf_counter, compare=False)  # not summed
+
+    def add(self, loss: float, batch: Batch) -> None:
+        self.loss_sum += loss
+        self.micro_batches += 1
+        self.real_tokens += batch.real_tokens
+        self.samples += batch.samples
+        self.token_slots += batch.slots
+
+    def summed(self, device: torch.device) -> MetricsWindow:
+        """The sums over every rank (a collective: every rank calls it), so the reported loss
+        is every rank's, not rank 0's alone."""
+        sums = [self.loss_sum, self.micro_batches, self.real_tokens, self.samples, self.token_slots]
+        packed = torch.tensor(sums, dtype=torch.float64, device=device)
+        dist.all_reduce(packed)
+        loss_sum, micro_batches, real_tokens, samples, token_slots = packed.tolist()
+        counts = int(micro_batches), int(real_tokens), int(samples), int(token_slots)
+        return MetricsWindow(loss_sum, *counts, started=self.started)
+
+
+def deepspeed_config(spec: TrainingSpec, inputs: AutoInputs) -> dict[str, Any]:
+    """The job's DeepSpeed config with every "auto" that ``inputs`` can answer filled in.
+
+    Called twice, down this one path, because ZeRO-3 needs a config before the model exists
+    (``load_model`` builds it partitioned) while some "auto" values need the model (its
+    hidden size: bucket sizes) or the batched data (the run's total steps: the scheduler).
+    Without ``total_steps`` it is that early config: the values not known yet are left out,
+    so DeepSpeed's defaults stand in for them. With it, it is the config the engine runs:
+    an "auto" still left is the user's to give.
+    """
+    config = fill_auto(spec.deepspeed_config, inputs)
+    if inputs.total_steps is None:
+        return without_auto(config)
+    unfilled = list(auto_keys(config))
+    if unfilled:
+        raise InvalidInputError(f"deepspeed_config: cannot fill 'auto' for {', '.join(unfilled)}: give values")
+    if spec.start_from is not None and spec.start_from.universal:
+        config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+    return config
+
+
+def evaluate(engine: Any, loader: Any) -> float:
+    """Mean loss per label token over the validation rows, across ranks."""
+    engine.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=engine.device)
+    with torch.no_grad():
+        for batch in loader:
+            inputs = batch.inputs_on(engine.device)
+            labels = int((inputs["labels"][:, 1:] != IGNORE_INDEX).sum())  # the model shifts by one
+            loss = engine(**inputs).loss  # every rank runs every batch: ZeRO-3 gathers in step
+            if labels:
+                totals += torch.tensor([loss.item() * labels, labels], dtype=torch.float64, device=engine.device)
+    dist.all_reduce(totals)
+    engine.train()
+    return float(totals[0] / totals[1]) if totals[1] else float("nan")
+
+
+class FineTuneRecipe:
+    """One rank's run of a job: ``setup()``, ``train()``, ``export()``, ``cleanup()``."""
+
+    # Known once setup() has run.
+    opts: TrainingOptions  # the job's, settled for its model
+    rank: int
+    world_size: int
+    events: EventWriter
+    stop: StopRequested
+    engine: Any  # deepspeed.DeepSpeedEngine
+    tokenizer: Any
+    loader: Any
+    sampler: Any
+    eval_loader: Any | None
+    accumulation: int  # micro-batches per optimizer step, per rank
+    steps_per_epoch: int  # optimizer steps
+    total_steps: int
+    # Where training is: the last optimizer step done and the micro-batch that ended it.
+    step: int
+    epoch: int
+    micro_step: int
+    tokens_seen: int  # real tokens trained on, across ranks and attempts
+    # Where this attempt starts in the data: that epoch, after that many micro-batches.
+    start_epoch: int
+    skip_micro_steps: int
+    last_saved_step: int
+
+    def __init__(self, spec: TrainingSpec, layout: RunLayout) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.lora = spec.training.lora is not None
+
+    def setup(self) -> None:
+        """Tokenizer, data, model and engine; then the step, schedule and data position to
+        start from (a checkpoint of this job, or another job's weights)."""
+        spec = self.spec
+        self.opts = opts = settle_training(spec)  # max_seq_length follows the model unless the job set it
+        deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.events = EventWriter(self.layout.events(spec.attempt), enabled=self.rank == 0)
+        self.stop = StopRequested()
+        set_seed(opts.seed)
+
+        self.tokenizer = load_tokenizer(spec)
+        # Every rank asks; the first tokenizes (or finds the cache), the others then read it.
+        try:
+            data = load_training_data(
+                dataset=Path(spec.dataset),
+                validation_dataset=Path(spec.validation_dataset) if spec.validation_dataset else None,
+                options=opts,
+                tokenizer=self.tokenizer,
+                cache_dir=Path(spec.cache_dir),
+            )
+        except (DatasetError, TokenizationError) as e:
+            raise InvalidInputError(str(e)) from None
+        dataset = SampleRows(
+            data.train, data.rows, packing=data.packing, padding_free=data.padding_free, max_seq_length=opts.seq_length
+        )
+
+        # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
+        inputs = AutoInputs(opts, self.world_size)
+        early_config = deepspeed_config(spec, inputs)
+        try:
+            batch_sizes = resolve_deepspeed_config(early_config, world_size=self.world_size)
+        except DeepSpeedConfigError as e:
+            raise InvalidInputError(f"deepspeed_config: {e.message}") from None
+        model, model_load = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
+
+        micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
+        self.loader, self.sampler = self._loader(dataset, micro_batch, training=True)
+        self.eval_loader = None
+        if data.validation is not None and data.validation_rows is not None:
+            rows = SampleRows(
+                data.validation,
+                data.validation_rows,
+                packing=data.packing,
+                padding_free=data.padding_free,
+                max_seq_length=opts.seq_length,
+            )
+            self.eval_loader, _ = self._loader(rows, micro_batch, training=False)
+        self.steps_per_epoch = count_steps_per_epoch(
+            len(dataset), world_size=self.world_size, micro_batch=micro_batch, accumulation=self.accumulation
+        )
+        assert self.steps_per_epoch == len(self.loader) // self.accumulation  # the plan endpoint counts the same way
+        if self.steps_per_epoch == 0:
+            unit = "packed rows" if data.packing else "usable records"
+            raise InvalidInputError(
+                f"dataset has {len(dataset)} {unit}, fewer than one optimizer step needs "
+                f"(train_batch_size {batch_sizes.train_batch_size}): add records or lower train_batch_size"
+            )
+        self.total_steps = count_total_steps(self.steps_per_epoch, opts)
+
+        # The "auto" values the API could not fill: the model's hidden size, the total steps.
+        hidden_size = hidden_size_of(model.config.to_dict())
+        config = deepspeed_config(spec, replace(inputs, hidden_size=hidden_size, total_steps=self.total_steps))
+        self.events.emit(
+            PlanEvent(
+                total_steps=self.total_steps,
+                steps_per_epoch=self.steps_per_epoch,
+                num_samples=len(data.train),
+                num_rows=len(dataset),
+                packing=data.packing,
+                world_size=self.world_size,
+                deepspeed_config=config,
+                model_load=model_load,
+                dataset_stats=data.stats(),
+            )
+        )
+        # Only what trains gets optimizer state: with LoRA, the adapters.
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.engine, _, _, _ = deepspeed.initialize(model=model, config_params=config, model_parameters=trainable)
+        self._restore()
+
+    def _loader(self, rows: SampleRows, micro_batch: int, *, training: bool) -> tuple[Any, Any]:
+        # Evaluation keeps the order and every row; training shuffles and drops a last partial
+        # micro-batch (make_loader says why).
+        return make_loader(
+            rows,
+            micro_batch=micro_batch,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=self.opts.seed,
+            pad_token_id=self.tokenizer.pad_token_id,
+            shuffle=training,
+            drop_last=training,
+        )
+
+    def _restore(self) -> None:
+        """Where this attempt starts: the beginning, or just after a complete checkpoint, with
+        the step count, the learning-rate schedule (in the checkpoint) and the data position."""
+        spec, engine = self.spec, self.engine
+        self.start_epoch, self.skip_micro_steps, self.tokens_seen = 0, 0, 0
+        if spec.resume_from is not None:
+            # A LoRA checkpoint holds the adapters only; the frozen base comes from the model.
+            load_path, client_state = engine.load_checkpoint(
+                spec.resume_from.checkpoints_dir, tag=spec.resume_from.tag, load_module_strict=not self.lora
+            )
+            if load_path is None:
+                raise RuntimeError(f"could not load checkpoint {spec.resume_from.tag}")
+            self.start_epoch = int(client_state["epoch"])
+            self.skip_micro_steps = int(client_state["micro_step"]) + 1
+            self.tokens_seen = int(client_state.get("tokens_seen", 0))
+            logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
+        elif spec.start_from is not None:
+            # Another job's weights and optimizer state; this job's steps, schedule and data are its own.
+            load_path, _ = engine.load_checkpoint(
+                spec.start_from.checkpoints_dir,
+                tag=spec.start_from.tag,
+                load_module_strict=not self.lora,
+                load_lr_scheduler_states=False,
+            )
+            if load_path is None:
+                raise RuntimeError(f"could not load checkpoint {spec.start_from.tag} of the resume_from job")
+            engine.global_steps = engine.global_samples = engine.micro_steps = 0
+            logger.info("started from %s (universal: %s)", load_path, spec.start_from.universal)
+        if self.skip_micro_steps >= self.steps_per_epoch * self.accumulation:
+            self.start_epoch, self.skip_micro_steps = self.start_epoch + 1, 0  # it ended an epoch
+        self.step = engine.global_steps
+        self.epoch, self.micro_step = self.start_epoch, -1
+        # A resumed attempt's step is saved already; anything else saves at the end.
+        self.last_saved_step = self.step if spec.resume_from is not None else -1
+
+    def train(self) -> bool:
+        """Optimizer steps up to ``total_steps``, then the final checkpoint. False when a
+        stop (SIGTERM on any rank) was agreed after a step: no final checkpoint, no export."""
+        engine, opts = self.engine, self.opts
+        eval_every, save_every = opts.eval_every_steps, opts.checkpoint_every_steps
+        data = self._micro_batches()
+        window = MetricsWindow()
+        engine.train()
+        for step in range(self.step + 1, self.total_steps + 1):
+            for _ in range(self.accumulation):
+                self.epoch, self.micro_step, batch = next(data)
+                loss = engine(**batch.inputs_on(engine.device)).loss
+                engine.backward(loss)  # gradients add up over the micro-batches of the step
+                engine.step()  # the optimizer steps (and zeroes them) at the last micro-batch only
+                window.add(loss.item(), batch)
+            assert engine.global_steps == step  # DeepSpeed's accumulation boundary is this loop's end
+            self.step = step
+
+            eval_loss = None
+            if self.eval_loader is not None and (step == self.total_steps or (eval_every and step % eval_every == 0)):
+                eval_loss = evaluate(engine, self.eval_loader)
+            if step % opts.log_every_steps == 0 or step == self.total_steps or eval_loss is not None:
+                self._report(window, eval_loss)
+                window = MetricsWindow()
+            if save_every and step % save_every == 0 and step < self.total_steps:
+                self.save_checkpoint()
+            if step < self.total_steps and self.stop.agreed(engine.device):
+                logger.info("stop requested: leaving after step %d", step)
+                return False
+
+        if self.last_saved_step != self.step:
+            self.save_checkpoint()
+        return True
+
+    def _micro_batches(self) -> Iterator[tuple[int, int, Batch]]:
+        """(epoch, micro-step in the epoch, batch) from where this attempt starts, epoch after
+        epoch, for as long as the loop asks."""
+        per_epoch = self.steps_per_epoch * self.accumulation
+        skip = self.skip_micro_steps
+        for epoch in itertools.count(self.start_epoch):
+            self.sampler.set_epoch(epoch)  # the same order as a lost attempt saw: seed + epoch
+            for micro_step, batch in enumerate(self.loader):
+                if micro_step >= per_epoch:
+                    break  # a trailing partial accumulation would never reach an optimizer step
+                if micro_step < skip:
+                    continue  # trained on before the checkpoint this attempt resumed from
+                yield epoch, micro_step, batch
+            skip = 0
+
+    def _report(self, window: MetricsWindow, eval_loss: float | None) -> None:
+        """One MetricEvent for the steps since the last report (rank 0 writes it)."""
+        total = window.summed(self.engine.device)
+        elapsed = max(time.perf_counter() - window.started, 1e-9)
+        self.tokens_seen += total.real_tokens
+        grad_norm = self.engine.get_global_grad_norm()
+        self.events.emit(
+            MetricEvent(
+                step=self.step,
+                loss=total.loss_sum / total.micro_batches,
+                learning_rate=float(self.engine.get_lr()[0]),
+                grad_norm=float(grad_norm) if grad_norm is not None else None,
+                epoch=self.epoch + (self.micro_step + 1) / (self.steps_per_epoch * self.accumulation),
+                tokens_per_second=total.real_tokens / elapsed,
+                samples_per_second=total.samples / elapsed,
+                real_token_share=total.real_tokens / total.token_slots if total.token_slots else None,
+                eval_loss=eval_loss,
+                tokens_seen=self.tokens_seen,
+                time=datetime.now(UTC).isoformat(),
+            )
+        )
+
+    def save_checkpoint(self) -> None:
+        """A DeepSpeed checkpoint of this step, with the data position a resume continues from."""
+        position = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro_step": self.micro_step,
+            "tokens_seen": self.tokens_seen,
+        }
+        checkpointing.save_checkpoint(
+            self.engine,
+            layout=self.layout,
+            step=self.step,
+            events=self.events,
+            client_state=position,
+            frozen=not self.lora,
+        )
+        self.last_saved_step = self.step
+
+    def export(self) -> None:
+        """The trained model as Hugging Face loads it: the LoRA adapter (and, if asked, the
+        merged model), or the full model."""
+        if self.lora:
+            checkpointing.export_adapter(
+                self.engine, self.tokenizer, spec=self.spec, layout=self.layout, step=self.step, events=self.events
+            )
+        else:
+            checkpointing.export_model(
+                self.engine, self.tokenizer, layout=self.layout, step=self.step, events=self.events
+            )
+
+    def cleanup(self) -> None:
+        """Close the events file; every rank leaves together."""
+        self.events.close()
+        dist.barrier()
