@@ -5,7 +5,7 @@ A thin layer over the HTTP API (README, "The HTTP API"). ``TUNEQ_URL`` (default
 ``Authorization: Bearer <key>``. These are client settings, read here, not the server's
 ``Settings``.
 
-The first half is a library (``TuneqClient``, the SSE parser, the follow state, checkpoint
+The first half is a library (``TuneqClient``, the job-event stream, the follow state, checkpoint
 selection and copying) that logs and raises, never prints; the second half is the typer
 commands, registered on the ``tuneq`` app by ``register(app)``.
 
@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 import typer
+from httpx_sse import ServerSentEvent, connect_sse
 
 from shared.db.models import TERMINAL_STATUSES
 
@@ -150,43 +151,7 @@ def describe_error(response: httpx.Response, *, api_key_set: bool) -> str:
     return f"the server answered {code} {response.reason_phrase}: {text}"
 
 
-# ---- server-sent events ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SseMessage:
-    event: str
-    data: str
-    id: str | None
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """Messages from SSE lines (the WHATWG event-stream format), line endings already removed.
-
-    A message is dispatched only at its blank line: one cut off by a dropped connection is
-    never seen, so a reconnect from the last ``id`` gets it again, whole.
-    """
-    event = ""
-    data: list[str] = []
-    event_id: str | None = None
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if not line:
-            if data:
-                yield SseMessage(event=event or "message", data="\n".join(data), id=event_id)
-            event, data, event_id = "", [], None
-            continue
-        if line.startswith(":"):
-            continue  # a comment: the server's ": ping"
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-        elif name == "id" and "\0" not in value:
-            event_id = value
-        # "retry" and unknown fields are ignored: this client has its own reconnect policy
+# ---- job events ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -199,7 +164,7 @@ class JobEvent:
     created_at: str | None = None
 
     @classmethod
-    def from_message(cls, message: SseMessage) -> JobEvent:
+    def from_message(cls, message: ServerSentEvent) -> JobEvent:
         body = json.loads(message.data)
         event_id = body.get("id", message.id)
         return cls(
@@ -339,16 +304,15 @@ class TuneqClient:
         failing_since: float | None = None
         delay = 0.25
         while True:
-            headers = {"Accept": "text/event-stream"}
-            if cursor:
-                headers["Last-Event-ID"] = str(cursor)
+            headers = {"Last-Event-ID": str(cursor)} if cursor else {}
             timeout = httpx.Timeout(self.timeout.connect, read=self.stream_read_timeout)
             received = 0
             problem: str
             try:
-                with self._http.stream(
-                    "GET", f"/jobs/{job_id}/events/stream", headers=headers, timeout=timeout
-                ) as response:
+                with connect_sse(
+                    self._http, "GET", f"/jobs/{job_id}/events/stream", headers=headers, timeout=timeout
+                ) as source:
+                    response = source.response
                     if response.is_error:
                         response.read()
                         if not (connected_once and response.status_code in RETRYABLE_STATUS):
@@ -356,9 +320,11 @@ class TuneqClient:
                         problem = f"the server answered {response.status_code}"
                     else:
                         connected_once = True
-                        for message in iter_sse(response.iter_lines()):
+                        # A message is dispatched only at its blank line: one cut off by a dropped
+                        # connection is never seen, so the reconnect from the last id gets it whole.
+                        for message in source.iter_sse():
                             if not message.data:
-                                continue
+                                continue  # the pings after the first id: no data, nothing to do
                             event = JobEvent.from_message(message)
                             cursor = max(cursor, event.id)
                             received += 1

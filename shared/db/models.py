@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict
 from sqlalchemy import JSON, BigInteger, Column, DateTime, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -133,7 +134,40 @@ class JobEvent(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
-class JobMetric(SQLModel, table=True):
+def _finite_or_none(value: float | None) -> float | None:
+    # A diverged loss (NaN, inf) is reported as null: JSON has no NaN (a Postgres json column
+    # refuses it, and so do the API's answers). The ranks' writer already writes null; this
+    # holds for any line that reads NaN too.
+    return value if value is None or math.isfinite(value) else None
+
+
+Measure = Annotated[float | None, AfterValidator(_finite_or_none)]
+
+
+class MetricFields(BaseModel):
+    """The measures of one optimizer step, in one place for the three shapes that carry them.
+
+    Rank 0's line in events.jsonl (``shared.jobs.events.MetricEvent``), the ``job_metrics`` row
+    (``JobMetric``) and the API's answer (``MetricPublic``) all derive from this: a new measure
+    is a line here (plus its migration). ``time`` is not here because each shape holds it as
+    something else: an ISO string in the file, a timezone-aware column, a UTC datetime out.
+    A plain pydantic model, not an SQLModel: the event must stay one, since SQLModel's
+    ``__init__`` validates each object a second time and the worker parses every line.
+    """
+
+    step: int
+    loss: Measure = None
+    learning_rate: Measure = None
+    grad_norm: Measure = None
+    epoch: Measure = None
+    tokens_per_second: Measure = None
+    samples_per_second: Measure = None
+    # Share of the step's token slots that held real tokens (the rest is padding).
+    real_token_share: Measure = None
+    eval_loss: Measure = None
+
+
+class JobMetric(SQLModel, MetricFields, table=True):
     """One row per optimizer step that rank 0 reported."""
 
     __tablename__ = "job_metrics"
@@ -142,16 +176,6 @@ class JobMetric(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     # No index of its own: the unique (job_id, step) index leads with it (migration 0007).
     job_id: uuid.UUID = Field(foreign_key="jobs.id")
-    step: int
-    loss: float | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    epoch: float | None = None
-    tokens_per_second: float | None = None
-    samples_per_second: float | None = None
-    # Share of the step's token slots that held real tokens (the rest is padding).
-    real_token_share: float | None = None
-    eval_loss: float | None = None
     time: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
@@ -268,16 +292,11 @@ class JobsPublic(SQLModel):
     count: int
 
 
-class MetricPublic(SQLModel):
-    step: int
-    loss: float | None
-    learning_rate: float | None
-    grad_norm: float | None
-    epoch: float | None
-    tokens_per_second: float | None
-    samples_per_second: float | None
-    real_token_share: float | None
-    eval_loss: float | None
+class MetricPublic(SQLModel, MetricFields):
+    # Every measure is in every answer (null when not measured), and the schema says so. The
+    # ignore: SQLModel types model_config as its own TypedDict, a superset of pydantic's.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # type: ignore[assignment]
+
     time: UTCDateTime
 
 

@@ -6,12 +6,11 @@ waits on the database: rank 0 appends and flushes a line, the worker tails and b
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, Field, TypeAdapter
 
-from shared.db.models import ErrorCode
+from shared.db.models import ErrorCode, MetricFields
 
 
 class PlanEvent(BaseModel):
@@ -30,36 +29,12 @@ class PlanEvent(BaseModel):
     dataset_stats: dict[str, Any] | None = None  # {"train": DatasetStats, "validation": ...}
 
 
-class MetricEvent(BaseModel):
+class MetricEvent(MetricFields):
+    """One optimizer step's measures (``MetricFields``), as rank 0 reports them."""
+
     type: Literal["metric"] = "metric"
-    step: int
-    loss: float | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    epoch: float | None = None
-    tokens_per_second: float | None = None
-    samples_per_second: float | None = None
-    real_token_share: float | None = None  # real tokens / (rows x padded width) in the step
-    eval_loss: float | None = None
     tokens_seen: int = 0  # real (unpadded) tokens trained on so far, across ranks and attempts
     time: str  # ISO 8601, UTC, the moment the step finished
-
-    @field_validator(
-        "loss",
-        "learning_rate",
-        "grad_norm",
-        "epoch",
-        "tokens_per_second",
-        "samples_per_second",
-        "real_token_share",
-        "eval_loss",
-    )
-    @classmethod
-    def _finite_or_none(cls, value: float | None) -> float | None:
-        # A diverged loss (NaN, inf) is reported as null: JSON has no NaN (a Postgres json
-        # column refuses it, and so do the API's answers). The ranks' writer already writes
-        # null; this holds for any line that reads NaN too.
-        return value if value is None or math.isfinite(value) else None
 
 
 class CheckpointEvent(BaseModel):

@@ -13,12 +13,14 @@ import pytest
 from cli.samples import SEED_DEEPSPEED_CONFIG
 from shared.deepspeed import safety
 from shared.deepspeed.safety import UnsafeKey, sanitize_deepspeed_config
+from tests.shared.deepspeed import deepspeed_inventory as inventory
 
 RUN_DIR = "/runs/job-1"
 
 REFERENCE_CONFIG: dict[str, Any] = SEED_DEEPSPEED_CONFIG  # the core issue's config, as given
 
 FIX_HINT = "classify them in shared/deepspeed/safety.py"
+INVENTORY = "tests/shared/deepspeed/deepspeed_inventory.py"
 
 
 def locs(problems: list[UnsafeKey]) -> list[tuple[str | int, ...]]:
@@ -204,17 +206,17 @@ def test_module_imports_neither_torch_nor_deepspeed() -> None:
 
 
 def test_path_like_fields_is_not_vacuous() -> None:
-    found = safety.path_like_fields()
+    found = inventory.path_like_fields()
     assert "monitor.config.TensorBoardConfig.output_path" in found
     assert "monitor.config.CSVConfig.output_path" in found
     assert "runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig.nvme_path" in found
     assert "runtime.zero.offload_config.DeepSpeedZeroOffloadParamConfig.nvme_path" in found
     assert "monitor.config.CometConfig.api_key" in found
-    assert len(safety.config_models()) > 30
+    assert len(inventory.config_models()) > 30
 
 
 def test_every_path_like_model_field_is_classified() -> None:
-    unclassified = sorted(safety.path_like_fields() - set(safety.MODEL_FIELD_POLICY))
+    unclassified = sorted(inventory.path_like_fields() - set(safety.MODEL_FIELD_POLICY))
     assert not unclassified, (
         f"DeepSpeed's config models have path-like fields nobody classified: {unclassified}. "
         f"Read how DeepSpeed uses each one and {FIX_HINT} (MODEL_FIELD_POLICY: rewrite, refuse or safe, "
@@ -223,7 +225,7 @@ def test_every_path_like_model_field_is_classified() -> None:
 
 
 def test_classified_model_fields_still_exist() -> None:
-    stale = sorted(set(safety.MODEL_FIELD_POLICY) - safety.model_fields())
+    stale = sorted(set(safety.MODEL_FIELD_POLICY) - inventory.model_fields())
     assert not stale, (
         f"MODEL_FIELD_POLICY names fields DeepSpeed no longer has: {stale}; update shared/deepspeed/safety.py"
     )
@@ -232,7 +234,7 @@ def test_classified_model_fields_still_exist() -> None:
 def test_classified_locations_match_deepspeed() -> None:
     """Each entry's locations are where a training config reaches the field, so that a field that
     becomes reachable (a new section, a new alias) cannot stay unenforced."""
-    reachable = safety.model_field_locations()
+    reachable = inventory.model_field_locations()
     wrong = {
         key: (sorted(policy.locations), sorted(reachable.get(key, set())))
         for key, policy in safety.MODEL_FIELD_POLICY.items()
@@ -242,13 +244,13 @@ def test_classified_locations_match_deepspeed() -> None:
 
 
 def test_section_models_exist() -> None:
-    models = safety.config_models()
-    missing = sorted(key for key in safety.SECTION_MODELS.values() if key not in models)
+    models = inventory.config_models()
+    missing = sorted(key for key in inventory.SECTION_MODELS.values() if key not in models)
     assert not missing, f"SECTION_MODELS names models DeepSpeed no longer has: {missing}"
 
 
 def test_refuse_defaults_match_deepspeed() -> None:
-    models = safety.config_models()
+    models = inventory.config_models()
     wrong = {}
     for key, policy in safety.MODEL_FIELD_POLICY.items():
         model_name, field_name = key.rsplit(".", 1)
@@ -273,7 +275,7 @@ def test_parsed_config_holds_only_models_reachable_from_section_models() -> None
             continue
         visited.add(id(node))
         if isinstance(node, DeepSpeedConfigModel):
-            found.add(safety.model_key(type(node)))
+            found.add(inventory.model_key(type(node)))
             pending += list(vars(node).values())
         elif isinstance(node, dict):
             pending += list(node.values())
@@ -281,7 +283,7 @@ def test_parsed_config_holds_only_models_reachable_from_section_models() -> None
             pending += list(node)
         elif hasattr(node, "__dict__") and type(node).__module__.startswith("deepspeed."):
             pending += list(vars(node).values())
-    reachable = {key.rsplit(".", 1)[0] for key in safety.model_field_locations()}
+    reachable = {key.rsplit(".", 1)[0] for key in inventory.model_field_locations()}
     assert "runtime.zero.config.DeepSpeedZeroConfig" in found
     assert not found - reachable, f"add these models' config sections to SECTION_MODELS: {sorted(found - reachable)}"
 
@@ -290,14 +292,15 @@ def test_every_path_like_constant_is_classified() -> None:
     classified = (
         {c for p in safety.DICT_KEY_POLICY.values() for c in p.constants}
         | {c for r in safety.REFUSED_SECTIONS.values() for c in r.constants}
-        | set(safety.NON_CONFIG_CONSTANTS)
+        | set(inventory.NON_CONFIG_CONSTANTS)
     )
-    found = safety.path_like_constants()
+    found = inventory.path_like_constants()
     assert "profiling.constants.FLOPS_PROFILER_OUTPUT_FILE" in found
     unclassified = sorted(f"{name} = {value!r}" for name, value in found.items() if name not in classified)
     assert not unclassified, (
         f"DeepSpeed's dict-parsed sections have path-like keys nobody classified: {unclassified}. "
-        f"Read how DeepSpeed uses each one and {FIX_HINT} (DICT_KEY_POLICY, or NON_CONFIG_CONSTANTS)."
+        f"Read how DeepSpeed uses each one and {FIX_HINT} (DICT_KEY_POLICY), or in {INVENTORY} "
+        "(NON_CONFIG_CONSTANTS)."
     )
 
 
@@ -307,7 +310,7 @@ def test_classified_constants_still_exist_and_spell_their_key() -> None:
     wrong = []
     named: list[tuple[str | None, str]] = [(loc, c) for loc, p in safety.DICT_KEY_POLICY.items() for c in p.constants]
     named += [(section, c) for section, r in safety.REFUSED_SECTIONS.items() for c in r.constants]
-    named += [(None, c) for c in safety.NON_CONFIG_CONSTANTS]
+    named += [(None, c) for c in inventory.NON_CONFIG_CONSTANTS]
     for location, constant in named:
         module_name, name = constant.rsplit(".", 1)
         value = getattr(importlib.import_module(f"deepspeed.{module_name}"), name, None)
@@ -317,17 +320,18 @@ def test_classified_constants_still_exist_and_spell_their_key() -> None:
 
 
 def test_every_top_level_key_is_classified() -> None:
-    unclassified = sorted(safety.deepspeed_top_level_keys() - safety.classified_top_level_keys())
+    unclassified = sorted(inventory.deepspeed_top_level_keys() - inventory.classified_top_level_keys())
     assert not unclassified, (
         f"DeepSpeedConfig reads top-level keys nobody classified: {unclassified}. Read how DeepSpeed uses each "
-        f"one and {FIX_HINT} (SECTION_MODELS, DICT_SECTIONS, REFUSED_SECTIONS or SCALAR_TOP_LEVEL_KEYS)."
+        f"one and {FIX_HINT} (REFUSED_SECTIONS), or in {INVENTORY} (SECTION_MODELS, DICT_SECTIONS or "
+        "SCALAR_TOP_LEVEL_KEYS)."
     )
 
 
 def test_removed_keys_are_rejected_by_deepspeed() -> None:
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 
-    for key in sorted(safety.REMOVED_TOP_LEVEL_KEYS):
+    for key in sorted(inventory.REMOVED_TOP_LEVEL_KEYS):
         with pytest.raises(DeepSpeedConfigError):
             DeepSpeedConfig({"train_batch_size": 1, key: {}})
 
