@@ -29,6 +29,13 @@ REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 
 BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow (end-to-end) tests first, in their order: with several test processes the
+    longest files start at once and the quick ones fill the gaps, instead of a long file
+    starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def require_service(name: str, reason: str) -> None:
     if os.environ.get("TUNEQ_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{name} is required (TUNEQ_REQUIRE_SERVICES=1) but unavailable: {reason}")
