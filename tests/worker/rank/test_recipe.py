@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, training_event_adapter
+from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.ports import free_port
@@ -57,7 +58,7 @@ def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
 
 def train(specs: list[TrainingSpec]) -> None:
     port = free_port()
-    env = launcher.rank_environment(launcher.HostHardware("cpu", 1), num_ranks=1, worker_pid=0)
+    env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=0)
     env = launcher.launch_environment(env, rank=0, num_ranks=1, master_port=port)
     child = multiprocessing.get_context("spawn").Process(
         target=train_in_child, args=([s.model_dump_json() for s in specs], env)
