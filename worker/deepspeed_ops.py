@@ -13,6 +13,7 @@ DeepSpeed itself, and this finds them there.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,17 @@ logger = logging.getLogger(__name__)
 
 # ShareMemCommBuilder exists only on the CPU accelerator; on others _op_builders skips it.
 OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
+
+
+def remember_cpu_info() -> None:
+    """Ask py-cpuinfo once per process. Its ``get_cpu_info`` starts a Python subprocess on every
+    call (over a second of CPU), and DeepSpeed calls it twice for each op it loads (the ``-march``
+    and SIMD flags) and again for each CPU Adam optimizer it makes. The CPU does not change under
+    a process, and ranks forked from the warm start inherit the answer."""
+    import cpuinfo
+
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
 
 
 def _op_builders() -> Iterator[tuple[str, Any]]:
@@ -35,6 +47,7 @@ def _op_builders() -> Iterator[tuple[str, Any]]:
 
 def build_ops() -> list[str]:
     """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
+    remember_cpu_info()
     built = []
     for name, builder in _op_builders():
         if builder.is_compatible():
@@ -54,6 +67,7 @@ def preload_ops() -> list[str]:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
+    remember_cpu_info()
     on_cpu = get_accelerator().device_name() == "cpu"
     loaded = []
     for name, builder in _op_builders():

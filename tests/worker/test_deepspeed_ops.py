@@ -13,11 +13,19 @@ from worker.deepspeed_ops import OPS
 
 PROBE = """
 import json
+import cpuinfo
+from deepspeed.ops.adam import DeepSpeedCPUAdam
 from deepspeed.ops.op_builder.builder import OpBuilder
 from worker.deepspeed_ops import preload_ops
 loaded = preload_ops()
 import torch
-print(json.dumps({"loaded": loaded, "modules": sorted(OpBuilder._loaded_ops), "cuda": torch.cuda.is_initialized()}))
+DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])  # what a rank with offload_optimizer makes
+print(json.dumps({
+    "loaded": loaded,
+    "modules": sorted(OpBuilder._loaded_ops),
+    "cuda": torch.cuda.is_initialized(),
+    "cpu_info_asked": cpuinfo.get_cpu_info.cache_info().misses,
+}))
 """
 
 
@@ -31,3 +39,5 @@ def test_the_warm_start_preloads_every_op_for_its_forked_ranks() -> None:
     assert probe["loaded"] == list(OPS)
     assert {"cpu_adam", "fused_adam", "deepspeed_shm_comm"} <= set(probe["modules"])
     assert probe["cuda"] is False
+    # py-cpuinfo (a subprocess per call) was asked once, not twice per op and once per optimizer.
+    assert probe["cpu_info_asked"] == 1

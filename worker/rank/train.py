@@ -23,6 +23,7 @@ from typing import Any
 from shared.db.models import ErrorCode
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import TrainingSpec
+from worker.deepspeed_ops import remember_cpu_info
 from worker.errors import InvalidInputError
 from worker.process_table import process_running
 from worker.rank.recipe import FineTuneRecipe
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.setLogRecordFactory(record_factory)
     watch_worker()
+    remember_cpu_info()  # a rank DeepSpeed's launcher started (a forked one has it already)
     spec = TrainingSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
     layout = RunLayout(Path(spec.run_dir))
     try:
