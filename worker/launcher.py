@@ -8,6 +8,7 @@ runner for every job it runs; the launcher owns that process's warm start.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -36,13 +37,31 @@ OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 def detect_hardware() -> Hardware:
     """Ask torch in a short-lived child, so the worker process itself never initialises CUDA
-    (a CUDA context does not survive Celery's fork) and stays free of torch's memory."""
+    (a CUDA context does not survive Celery's fork) and stays free of torch's memory. A torch
+    built for CPUs only cannot see a GPU, and saying so needs no import of it (seconds)."""
+    if not torch_build_has_gpu_support():
+        return Hardware("cpu", os.cpu_count() or 1)
     probe = "import json, torch; print(json.dumps({'cuda': torch.cuda.is_available(), 'n': torch.cuda.device_count()}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     if facts["cuda"] and facts["n"] > 0:
         return Hardware("cuda", int(facts["n"]))
     return Hardware("cpu", os.cpu_count() or 1)
+
+
+def torch_build_has_gpu_support() -> bool:
+    """Whether the installed torch was built for a GPU (CUDA, ROCm or XPU), read from its
+    ``torch/version.py`` alone: importing ``torch.version`` would import all of torch."""
+    found = importlib.util.find_spec("torch")
+    if found is None or found.origin is None:
+        return True  # no torch to read: let the probe say what is wrong
+    location = Path(found.origin).with_name("version.py")
+    spec = importlib.util.spec_from_file_location("tuneq_torch_build", location)
+    if spec is None or spec.loader is None:
+        return True
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return any(getattr(build, name, None) for name in ("cuda", "hip", "xpu"))
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
