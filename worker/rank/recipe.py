@@ -313,7 +313,7 @@ class FineTuneRecipe:
                 self._report(window, eval_loss)
                 window = MetricsWindow()
             if save_every and step % save_every == 0 and step < self.total_steps:
-                self.save_checkpoint()
+                self.save_checkpoint(unreported=window)
             if step < self.total_steps and self.stop.agreed(engine.device):
                 logger.info("stop requested: leaving after step %d", step)
                 return False
@@ -359,13 +359,16 @@ class FineTuneRecipe:
             )
         )
 
-    def save_checkpoint(self) -> None:
-        """A DeepSpeed checkpoint of this step, with the data position a resume continues from."""
+    def save_checkpoint(self, unreported: MetricsWindow | None = None) -> None:
+        """A DeepSpeed checkpoint of this step, with the data position a resume continues from.
+        ``unreported``: the steps since the last report, whose tokens count too (every rank
+        saves at the same step, so summing them across ranks here is safe)."""
+        pending = unreported.summed(self.engine.device).real_tokens if unreported is not None else 0
         position = {
             "step": self.step,
             "epoch": self.epoch,
             "micro_step": self.micro_step,
-            "tokens_seen": self.tokens_seen,
+            "tokens_seen": self.tokens_seen + pending,
         }
         checkpointing.save_checkpoint(
             self.engine,

@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, training_event_adapter
 from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
@@ -86,7 +88,7 @@ def losses_of(events: list[Any]) -> dict[int, float | None]:
 def test_a_run_reports_every_step_and_a_resume_continues_it(
     tuneq_home: Path, tiny_model: Path, text_dataset: Path
 ) -> None:
-    def spec(name: str, resume_from: ResumePoint | None = None) -> TrainingSpec:
+    def spec(name: str, resume_from: ResumePoint | None = None, **training: Any) -> TrainingSpec:
         run_dir = tuneq_home / "runs" / name
         run_dir.mkdir(parents=True)  # as the worker makes it before starting the ranks
         return TrainingSpec(
@@ -96,7 +98,7 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
             dataset=str(text_dataset),
             deepspeed_config=DEEPSPEED_CONFIG,
             num_gpus=1,
-            training=TRAINING,
+            training=TRAINING.model_copy(update=training),
             run_dir=str(run_dir),
             cache_dir=str(tuneq_home / "cache"),
         )
@@ -110,7 +112,9 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
 
     # From step 4: halfway through the first epoch. From step 8: its end (the next epoch's start).
     mid_epoch, epoch_end = resumed("mid-epoch", 4), resumed("epoch-end", 8)
-    train([full, mid_epoch, epoch_end])
+    # Reports every third step: the checkpoint at step 4 falls between two.
+    sparse = spec("sparse-reports", log_every_steps=3)
+    train([full, mid_epoch, epoch_end, sparse])
 
     events = events_of(full)
     plan = events[0]
@@ -137,3 +141,8 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
         assert losses_of(continued) == {step: losses[step] for step in range(first_step, 17)}
         last = [e for e in continued if isinstance(e, MetricEvent)][-1]
         assert (last.tokens_seen, last.epoch) == (metrics[-1].tokens_seen, 2.0)
+
+    # A checkpoint between two reports counts the tokens of the steps not reported yet.
+    sparse_checkpoint = RunLayout(Path(sparse.run_dir)).checkpoints_dir / "step-00000004"
+    state = torch.load(sparse_checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    assert state["tokens_seen"] == metrics[3].tokens_seen > 0
