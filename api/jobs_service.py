@@ -30,7 +30,7 @@ from shared.db.models import (
 from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
 from shared.jobs.spec import JobCreate, TrainingOptions
-from shared.jobs.validation import JobValidationError, Problem, settled_training, validate_job_request
+from shared.jobs.validation import JobValidationError, Problem, validate_job_request
 from shared.queue import enqueue_job
 from shared.settings import Settings
 
@@ -169,7 +169,7 @@ def create_job(
     if limit and (active := active_job_count(session=session, owner=owner)) >= limit:
         raise ActiveJobLimitError(owner=owner, active=active, limit=limit)
     hardware = deployment_hardware(session=session, settings=settings)
-    resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
+    validated = validate_job_request(job_in, settings=settings, hardware=hardware)
     if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
         raise JobValidationError(problems)
     job = Job(
@@ -181,9 +181,9 @@ def create_job(
         validation_dataset=job_in.validation_dataset,
         resume_from=job_in.resume_from.model_dump(mode="json") if job_in.resume_from else None,
         deepspeed_config=job_in.deepspeed_config,
-        resolved_deepspeed_config=resolved,
+        resolved_deepspeed_config=validated.deepspeed_config,
         num_gpus=job_in.num_gpus,
-        training=settled_training(job_in).model_dump(),
+        training=validated.training.model_dump(),
         max_restarts=job_in.max_restarts,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,

@@ -77,7 +77,7 @@ def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: 
     from shared.jobs.validation import Problem
 
     hardware = deployment_hardware(session=session, settings=settings)
-    resolved = validate_job_request(job_in, settings=settings, hardware=hardware)
+    resolved = validate_job_request(job_in, settings=settings, hardware=hardware).deepspeed_config
     if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
         raise JobValidationError(problems)
     future: Future[dict[str, Any]] = _plan_executor().submit(

@@ -112,23 +112,18 @@ def local_model_config(model: str) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def local_hidden_size(model: str) -> int | None:
-    """The hidden size of a local model (for "auto" bucket sizes); None for hub models."""
-    config = local_model_config(model)
-    return hidden_size_of(config) if config is not None else None
-
-
-def settled_training(job_in: JobCreate) -> TrainingOptions:
-    """The job's training options with what the API can settle now: for a local model, a
-    ``max_seq_length`` left out follows the model's limit (the ranks settle a hub model's).
-    Raises ValueError for an explicit ``max_seq_length`` past a local model's limit."""
-    config = local_model_config(job_in.model)
-    if config is None:
+def settled_training(job_in: JobCreate, model_config: dict[str, Any] | None) -> TrainingOptions:
+    """The job's training options with what the API can settle now: for a local model (its
+    ``model_config``), a ``max_seq_length`` left out follows the model's limit (the ranks
+    settle a hub model's). Raises ValueError for an explicit one past a local model's limit."""
+    if model_config is None:
         return job_in.training
-    return job_in.training.for_model(max_positions_of(config))
+    return job_in.training.for_model(max_positions_of(model_config))
 
 
-def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Problem]]:
+def resolve_auto_at_submit(
+    job_in: JobCreate, model_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[Problem]]:
     """Fill the "auto" values the API can know now; the rest wait for the worker."""
     problems = [
         Problem(
@@ -139,13 +134,23 @@ def resolve_auto_at_submit(job_in: JobCreate) -> tuple[dict[str, Any], list[Prob
         for key in auto_keys(job_in.deepspeed_config)
         if key not in FILLABLE
     ]
-    inputs = AutoInputs(job_in.training, job_in.num_gpus, hidden_size=local_hidden_size(job_in.model))
+    hidden_size = hidden_size_of(model_config) if model_config is not None else None
+    inputs = AutoInputs(job_in.training, job_in.num_gpus, hidden_size=hidden_size)
     return fill_auto(job_in.deepspeed_config, inputs), problems
 
 
-def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware | None) -> dict[str, Any]:
-    """Raise JobValidationError with every problem found; else the config with "auto" filled
-    as far as the API can (the worker fills the rest: total steps, a hub model's hidden size)."""
+@dataclass(frozen=True)
+class ValidatedRequest:
+    """What submit settles about a valid request: the DeepSpeed config with "auto" filled as far
+    as the API can (the worker fills the rest: total steps, a hub model's hidden size), and the
+    training options with a local model's limits applied."""
+
+    deepspeed_config: dict[str, Any]
+    training: TrainingOptions
+
+
+def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware | None) -> ValidatedRequest:
+    """Raise JobValidationError with every problem found; else what submit settled."""
     problems: list[Problem] = []
     try:
         check_model(job_in.model, settings)
@@ -158,14 +163,16 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
                 "revision applies to hub models only; a local directory is used as it is: drop revision",
             )
         )
+    model_config = local_model_config(job_in.model)  # read once: limits and "auto" values
+    training = job_in.training
     try:
-        settled_training(job_in)
+        training = settled_training(job_in, model_config)
     except ValueError as e:
         problems.append(Problem(("body", "training", "max_seq_length"), str(e)))
     problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
     if job_in.validation_dataset is not None:
         problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")
-    resolved, auto_problems = resolve_auto_at_submit(job_in)
+    resolved, auto_problems = resolve_auto_at_submit(job_in, model_config)
     problems += auto_problems
     # Keys that would read or write files, import modules or call out: refused here; the ones
     # tuneq rewrites under the run directory are rewritten by the worker, which knows it.
@@ -182,4 +189,4 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
     ]
     if problems:
         raise JobValidationError(problems)
-    return resolved
+    return ValidatedRequest(deepspeed_config=resolved, training=training)

@@ -149,7 +149,7 @@ def submit(tuneq_home: Path, config: dict[str, Any], hardware: Hardware | None =
     dataset = tuneq_home / "data" / "train.jsonl"
     dataset.write_text('{"text": "hello"}\n')
     job = JobCreate(model=str(model), dataset=str(dataset), deepspeed_config=config, num_gpus=2, training=training)
-    return validate_job_request(job, settings=Settings(), hardware=hardware)
+    return validate_job_request(job, settings=Settings(), hardware=hardware).deepspeed_config
 
 
 def test_submit_resolves_what_it_can_with_the_local_models_hidden_size(tuneq_home: Path) -> None:
