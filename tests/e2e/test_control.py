@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from httpx_sse import EventSource
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.ports import free_port
@@ -260,20 +261,12 @@ def test_a_redelivered_message_does_not_run_the_job_twice(tmp_path: Path, data: 
 
 
 def read_sse(response: httpx.Response, *, until: Any) -> list[dict[str, Any]]:
+    """The stream's events (as the client reads them: httpx-sse) until ``until(events)`` holds."""
     events: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for line in response.iter_lines():
-        if line.startswith("id:"):
-            current["id"] = int(line[3:].strip())
-        elif line.startswith("event:"):
-            current["event"] = line[6:].strip()
-        elif line.startswith("data:"):
-            current["data"] = json.loads(line[5:].strip())
-        elif line == "" and current:
-            events.append(current)
-            current = {}
-            if until(events):
-                break
+    for message in EventSource(response).iter_sse():
+        events.append({"id": int(message.id), "event": message.event, "data": json.loads(message.data)})
+        if until(events):
+            break
     return events
 
 
