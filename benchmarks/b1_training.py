@@ -15,7 +15,6 @@ everything under it (Celery's pool child, launcher, ranks) for tuneq.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import tempfile
@@ -24,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import workload
-from benchmarks.common import REPO
 from benchmarks.results import Check, Result, Stat
-from benchmarks.training_runs import TuneqDev, alternate, launch_script, metric_times, tuneq_dev
+from benchmarks.training_runs import TuneqDev, alternate, metric_times, tuneq_dev
 
 logger = logging.getLogger(__name__)
 
@@ -52,35 +50,14 @@ def steps_per_second(times: list[float]) -> float:
 
 def _bare_run(work: Path, env: dict[str, str], repeat: int) -> Run:
     out = work / f"bare-{repeat}"
-    out.mkdir()
-    times = out / "times.json"
-    memory = launch_script(
-        REPO / "benchmarks" / "bare_loop.py",
-        workload.script_args(work, times=times, steps=STEPS, output=out),
-        ranks=workload.RANKS,
-        env=env,
-        cwd=out,
-        timeout=JOB_TIMEOUT_SECONDS,
+    recorded, memory = workload.run_reference_script(
+        "bare_loop.py", work, env, out=out, timeout=JOB_TIMEOUT_SECONDS, steps=STEPS, output=out
     )
-    recorded = json.loads(times.read_text())
     return Run(steps_per_second(recorded["step_times"]), memory.peak, recorded["losses"])
 
 
 def _tuneq_run(dev: TuneqDev, work: Path, repeat: int) -> Run:
-    body = {
-        "name": f"b1-{repeat}",
-        "model": str(work / "model"),
-        "dataset": str(work / "data.jsonl"),
-        "deepspeed_config": workload.deepspeed_config(),
-        "num_gpus": workload.RANKS,
-        "training": {
-            "max_steps": STEPS,
-            "max_seq_length": workload.MAX_SEQ_LENGTH,
-            "packing": False,  # the bare loop's batches: one record per row, padded
-            "seed": workload.SEED,
-            "log_every_steps": 1,
-        },
-    }
+    body = workload.job_body(work, name=f"b1-{repeat}", max_steps=STEPS, log_every_steps=1)
     job_id, memory = dev.run_job(body, timeout=JOB_TIMEOUT_SECONDS)
     metrics = dev.metrics(job_id)
     return Run(steps_per_second(metric_times(metrics)), memory.peak, [m["loss"] for m in metrics])

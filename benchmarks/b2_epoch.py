@@ -49,7 +49,7 @@ from typing import Any
 from benchmarks import workload
 from benchmarks.common import REPO
 from benchmarks.results import Check, Result, Stat
-from benchmarks.training_runs import TuneqDev, alternate, launch_script, metric_times, tuneq_dev
+from benchmarks.training_runs import TuneqDev, alternate, metric_times, tuneq_dev
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +81,9 @@ def epoch_seconds(step_times: list[float]) -> float:
 
 def _hf_run(work: Path, env: dict[str, str], repeat: int) -> Run:
     out = work / f"hf-{repeat}"
-    out.mkdir()
-    times = out / "times.json"
-    launch_script(
-        REPO / "benchmarks" / "hf_trainer_loop.py",
-        workload.script_args(work, times=times, output=out),
-        ranks=workload.RANKS,
-        env=env,
-        cwd=out,
-        timeout=JOB_TIMEOUT_SECONDS,
+    recorded, _ = workload.run_reference_script(
+        "hf_trainer_loop.py", work, env, out=out, timeout=JOB_TIMEOUT_SECONDS, output=out
     )
-    recorded = json.loads(times.read_text())
     return Run(
         epoch_seconds=epoch_seconds(recorded["step_times"]),
         steps=int(recorded["steps"]),
@@ -103,22 +95,14 @@ def _hf_run(work: Path, env: dict[str, str], repeat: int) -> Run:
 
 
 def _tuneq_run(dev: TuneqDev, work: Path, repeat: int) -> Run:
-    body = {
-        "name": f"b2-{repeat}",
-        "model": str(work / "model"),
-        "dataset": str(work / "data.jsonl"),
-        "deepspeed_config": workload.deepspeed_config(),
-        "num_gpus": workload.RANKS,
-        "training": {
-            "epochs": 1,
-            "max_seq_length": workload.MAX_SEQ_LENGTH,
-            "packing": False,  # one record a row, as the Trainer: the same steps
-            "padding_free": True,  # but no padding computed
-            "seed": workload.SEED,
-            "learning_rate": workload.deepspeed_config()["optimizer"]["params"]["lr"],
-            "log_every_steps": 1,
-        },
-    }
+    body = workload.job_body(
+        work,
+        name=f"b2-{repeat}",
+        epochs=1,
+        padding_free=True,  # one record a row, as the Trainer (the same steps), but no padding computed
+        learning_rate=workload.deepspeed_config()["optimizer"]["params"]["lr"],
+        log_every_steps=1,
+    )
     job_id, _ = dev.run_job(body, timeout=JOB_TIMEOUT_SECONDS)
     metrics = dev.metrics(job_id)
     shares = [m["real_token_share"] for m in metrics if m.get("real_token_share") is not None]

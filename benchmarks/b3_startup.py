@@ -11,19 +11,16 @@ worker's preparation until the launcher starts, and the ranks' start-up to step 
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from benchmarks import workload
-from benchmarks.common import REPO
 from benchmarks.results import Check, Result, Stat
-from benchmarks.training_runs import TuneqDev, alternate, launch_script, metric_times, tuneq_dev
+from benchmarks.training_runs import TuneqDev, alternate, metric_times, tuneq_dev
 
 STEPS = 2  # step 1 is the figure; one more so both sides end the same way
 JOB_TIMEOUT_SECONDS = 1800
@@ -36,36 +33,11 @@ class Startup:
 
 
 def _cold(work: Path, env: dict[str, str], repeat: int) -> Startup:
-    out = work / f"cold-{repeat}"
-    out.mkdir()
-    times = out / "times.json"
     started = time.time()
-    launch_script(
-        REPO / "benchmarks" / "bare_loop.py",
-        workload.script_args(work, times=times, steps=STEPS),
-        ranks=workload.RANKS,
-        env=env,
-        cwd=out,
-        timeout=JOB_TIMEOUT_SECONDS,
+    recorded, _ = workload.run_reference_script(
+        "bare_loop.py", work, env, out=work / f"cold-{repeat}", timeout=JOB_TIMEOUT_SECONDS, steps=STEPS
     )
-    first_step = json.loads(times.read_text())["step_times"][0]
-    return Startup(first_step - started, {})
-
-
-def _job_body(work: Path, name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "model": str(work / "model"),
-        "dataset": str(work / "data.jsonl"),
-        "deepspeed_config": workload.deepspeed_config(),
-        "num_gpus": workload.RANKS,
-        "training": {
-            "max_steps": STEPS,
-            "max_seq_length": workload.MAX_SEQ_LENGTH,
-            "packing": False,
-            "seed": workload.SEED,
-        },
-    }
+    return Startup(recorded["step_times"][0] - started, {})
 
 
 def _phases(dev: TuneqDev, job_id: str, submitted: float, first_step: float) -> dict[str, float]:
@@ -89,7 +61,7 @@ def _phases(dev: TuneqDev, job_id: str, submitted: float, first_step: float) -> 
 
 def _tuneq(dev: TuneqDev, work: Path, repeat: int) -> Startup:
     submitted = time.time()
-    job_id, _ = dev.run_job(_job_body(work, f"b3-{repeat}"), timeout=JOB_TIMEOUT_SECONDS)
+    job_id, _ = dev.run_job(workload.job_body(work, name=f"b3-{repeat}", max_steps=STEPS), timeout=JOB_TIMEOUT_SECONDS)
     first_step = metric_times(dev.metrics(job_id))[0]
     return Startup(first_step - submitted, _phases(dev, job_id, submitted, first_step))
 
@@ -99,7 +71,8 @@ def run(repeats: int) -> list[Result]:
         work = Path(tmp)
         env = workload.prepare(work)
         with tuneq_dev(work, env) as dev:
-            dev.run_job(_job_body(work, "b3-first"), timeout=JOB_TIMEOUT_SECONDS)  # the service warms up
+            warm_up = workload.job_body(work, name="b3-first", max_steps=STEPS)
+            dev.run_job(warm_up, timeout=JOB_TIMEOUT_SECONDS)  # the service warms up
             cold, warm = alternate(repeats, lambda r: _cold(work, env, r), lambda r: _tuneq(dev, work, r))
     ratios = [w.seconds / c.seconds for w, c in zip(warm, cold, strict=True)]
     phase_names = sorted({name for w in warm for name in w.phases})

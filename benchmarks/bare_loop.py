@@ -15,8 +15,8 @@ Rank 0 writes the wall-clock time after every optimizer step to ``--times``.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,13 @@ IGNORE_INDEX = -100
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--max-seq-length", type=int, default=256)
+    # DeepSpeed's launcher runs this file as a script: its own folder is on sys.path, the repository is not.
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from benchmarks.reference_cli import workload_parser
+
+    parser = workload_parser()
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--times", required=True, type=Path)
     parser.add_argument("--output", type=Path, default=None, help="checkpoint and model directory")
-    parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
 
     import deepspeed

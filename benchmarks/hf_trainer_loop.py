@@ -27,9 +27,9 @@ held-out evaluation both sides go through.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,15 +54,12 @@ def _cpu_distributed_state() -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--max-seq-length", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--times", required=True, type=Path)
+    # DeepSpeed's launcher runs this file as a script: its own folder is on sys.path, the repository is not.
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from benchmarks.reference_cli import workload_parser
+
+    parser = workload_parser()
     parser.add_argument("--output", required=True, type=Path, help="Trainer output_dir; the model is saved here")
-    parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
 
     from transformers import (

@@ -13,6 +13,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import REPO
+from benchmarks.training_runs import PeakMemory, launch_script
 from cli.samples import build_tiny_model, sample_texts, seed_config
 from worker import launcher
 
@@ -88,3 +90,36 @@ def script_args(work: Path, *, times: Path, **extra: object) -> list[str]:
     for name, value in extra.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
     return args
+
+
+def run_reference_script(
+    script: str, work: Path, env: dict[str, str], *, out: Path, timeout: float, **extra: object
+) -> tuple[dict[str, Any], PeakMemory]:
+    """``deepspeed benchmarks/SCRIPT`` on the workload in ``work``, run in the new directory ``out``
+    (``extra``: the script's own ``--name value`` arguments): what rank 0 wrote to ``--times``,
+    and the run's peak memory."""
+    out.mkdir()
+    times = out / "times.json"
+    memory = launch_script(
+        REPO / "benchmarks" / script,
+        script_args(work, times=times, **extra),
+        ranks=RANKS,
+        env=env,
+        cwd=out,
+        timeout=timeout,
+    )
+    recorded: dict[str, Any] = json.loads(times.read_text())
+    return recorded, memory
+
+
+def job_body(work: Path, *, name: str, **training: object) -> dict[str, Any]:
+    """The tuneq job for the workload in ``work`` (``training``: the benchmark's own fields). Packing
+    is off: the reference scripts' batches, one record per row."""
+    return {
+        "name": name,
+        "model": str(work / "model"),
+        "dataset": str(work / "data.jsonl"),
+        "deepspeed_config": deepspeed_config(),
+        "num_gpus": RANKS,
+        "training": {"max_seq_length": MAX_SEQ_LENGTH, "packing": False, "seed": SEED, **training},
+    }

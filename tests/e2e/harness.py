@@ -185,6 +185,13 @@ class Tuneq:
         self.client.close()
 
 
+def job_body(home: Path, dataset: str, **fields: Any) -> dict[str, Any]:
+    """A job spec that trains the tiny model of a test module's ``home`` (conftest.py's) on
+    ``dataset``: a file under ``home/data``, or a URL; ``fields``: the rest of the spec."""
+    location = dataset if "://" in dataset else str(home / "data" / dataset)
+    return {"model": str(home / "data" / "tiny-gpt-neo"), "dataset": location, **fields}
+
+
 def wait_gone(processes: list[psutil.Process], *, timeout: float) -> list[psutil.Process]:
     """The processes still running (not zombies) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

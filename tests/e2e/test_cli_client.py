@@ -14,12 +14,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import seed_config, write_text_dataset
 from shared.ports import free_port
 
 from .harness import Tuneq
@@ -30,18 +29,9 @@ EXIT_FAILED, EXIT_CANCELLED, EXIT_API_ERROR, EXIT_UNREACHABLE = 1, 3, 4, 5
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("cli") / "home"
-    build_tiny_model(home / "data" / "tiny-gpt-neo")
+def home(home: Path) -> Path:
     write_text_dataset(home / "data" / "varied.jsonl", records=48)
     return home
-
-
-@pytest.fixture(scope="module")
-def service(home: Path) -> Iterator[Tuneq]:
-    tuneq = Tuneq(home=home).start()
-    yield tuneq
-    tuneq.stop()
 
 
 @pytest.fixture(scope="module")

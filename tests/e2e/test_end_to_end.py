@@ -8,48 +8,31 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import seed_config, write_text_dataset
 from tests.services import fresh_postgres_schema
 
-from .harness import Tuneq, wait_gone
+from .harness import Tuneq, job_body, wait_gone
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("e2e") / "home"
-    data = home / "data"
-    build_tiny_model(data / "tiny-gpt-neo")
-    write_text_dataset(data / "varied.jsonl", records=96)
-    write_text_dataset(data / "repeated.jsonl", records=48, vary=False)
+def home(home: Path) -> Path:
+    write_text_dataset(home / "data" / "varied.jsonl", records=96)
+    write_text_dataset(home / "data" / "repeated.jsonl", records=48, vary=False)
     return home
 
 
-@pytest.fixture(scope="module")
-def embedded(home: Path) -> Iterator[Tuneq]:
-    service = Tuneq(home=home).start()
-    yield service
-    service.stop()
-
-
 def body(home: Path, **overrides: Any) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "model": str(home / "data" / "tiny-gpt-neo"),
-        "dataset": str(home / "data" / "varied.jsonl"),
-        "deepspeed_config": seed_config(fp16=False),
-        # Text is packed by default: several records per row, so an epoch has few steps.
-        "training": {"epochs": 20, "max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 5},
-    }
-    fields.update(overrides)
-    return fields
+    # Text is packed by default: several records per row, so an epoch has few steps.
+    training = {"epochs": 20, "max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 5}
+    return job_body(home, "varied.jsonl", deepspeed_config=seed_config(fp16=False), training=training) | overrides
 
 
 def check_succeeded(service: Tuneq, job: dict[str, Any], *, steps: int) -> list[dict[str, Any]]:
@@ -84,13 +67,13 @@ def check_exported_model(service: Tuneq, job: dict[str, Any], original: Path) ->
     assert changed > len(before) // 2, f"only {changed} of {len(before)} tensors changed"
 
 
-def test_seed_config_as_given_with_fp16_off(embedded: Tuneq, home: Path) -> None:
+def test_seed_config_as_given_with_fp16_off(service: Tuneq, home: Path) -> None:
     """ZeRO-2, CPU optimizer offload, Adam at 3e-5: the core issue's config, fp16 off."""
-    job = embedded.submit(body(home, dataset=str(home / "data" / "repeated.jsonl"), name="seed"))
-    job = embedded.wait(job["id"])
-    metrics = check_succeeded(embedded, job, steps=12)
+    job = service.submit(body(home, dataset=str(home / "data" / "repeated.jsonl"), name="seed"))
+    job = service.wait(job["id"])
+    metrics = check_succeeded(service, job, steps=12)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
-    checkpoints = embedded.get(f"/jobs/{job['id']}/checkpoints")["data"]
+    checkpoints = service.get(f"/jobs/{job['id']}/checkpoints")["data"]
     assert [(c["step"], c["kind"]) for c in checkpoints] == [
         (5, "deepspeed"),
         (10, "deepspeed"),
@@ -99,8 +82,8 @@ def test_seed_config_as_given_with_fp16_off(embedded: Tuneq, home: Path) -> None
     ]
     for c in checkpoints:
         assert Path(c["uri"], "tuneq-manifest.json").is_file() and c["bytes"] > 0
-    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
-    logs = embedded.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]
+    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
+    logs = service.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]
     assert len(logs) == 5
     # The rank's exit, in the job log's last lines (the default launcher: the warm start)
     assert any("rank 0 (pid" in line and "exited with status 0" in line for line in logs)
@@ -111,7 +94,7 @@ def test_seed_config_as_given_with_fp16_off(embedded: Tuneq, home: Path) -> None
     [(0, 1, False), (2, 2, False), (2, 2, True), (3, 2, False), (3, 1, True)],
     ids=["zero0-1rank", "zero2-2ranks", "zero2-offload-2ranks", "zero3-2ranks", "zero3-offload-1rank"],
 )
-def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ranks: int, offload: bool) -> None:
+def test_zero_stages_and_rank_counts(service: Tuneq, home: Path, stage: int, ranks: int, offload: bool) -> None:
     config = seed_config(fp16=False, train_batch_size=2 * ranks, zero_stage=stage, lr=2e-3)
     zero: dict[str, Any] = config["zero_optimization"]  # type: ignore[assignment]
     if not offload:
@@ -119,7 +102,7 @@ def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ra
     elif stage == 3:
         zero["offload_param"] = {"device": "cpu"}
     steps = 16
-    job = embedded.submit(
+    job = service.submit(
         body(
             home,
             deepspeed_config=config,
@@ -127,25 +110,25 @@ def test_zero_stages_and_rank_counts(embedded: Tuneq, home: Path, stage: int, ra
             training={"epochs": 20, "max_steps": steps, "max_seq_length": 64, "log_every_steps": 1, "seed": 7},
         )
     )
-    job = embedded.wait(job["id"])
-    metrics = check_succeeded(embedded, job, steps=steps)
+    job = service.wait(job["id"])
+    metrics = check_succeeded(service, job, steps=steps)
     first, last = metrics[:4], metrics[-4:]
     assert sum(m["loss"] for m in last) < sum(m["loss"] for m in first), [m["loss"] for m in metrics]
-    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
+    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
 
 
-def test_a_sequence_length_past_a_local_models_limit_is_refused_at_submit(embedded: Tuneq, home: Path) -> None:
+def test_a_sequence_length_past_a_local_models_limit_is_refused_at_submit(service: Tuneq, home: Path) -> None:
     """It used to be accepted and to fail the job at step 0; the ranks still check it for hub
     models (tests/worker/rank/test_model_loading.py)."""
-    response = embedded.client.post("/jobs", json=body(home, training={"max_steps": 3, "max_seq_length": 4096}))
+    response = service.client.post("/jobs", json=body(home, training={"max_steps": 3, "max_seq_length": 4096}))
     assert response.status_code == 422, response.text
     problem = response.json()["detail"][0]
     assert problem["loc"] == ["body", "training", "max_seq_length"]
     assert "max_seq_length 4096 exceeds the model's 256 positions" in problem["msg"]
 
 
-def test_fp16_is_refused_at_submit_once_the_cpu_worker_is_known(embedded: Tuneq, home: Path) -> None:
-    response = embedded.client.post("/jobs", json=body(home, deepspeed_config=seed_config(fp16=True)))
+def test_fp16_is_refused_at_submit_once_the_cpu_worker_is_known(service: Tuneq, home: Path) -> None:
+    response = service.client.post("/jobs", json=body(home, deepspeed_config=seed_config(fp16=True)))
     assert response.status_code == 422
     assert "fp16 needs a CUDA GPU" in response.json()["detail"][0]["msg"]
 
@@ -172,16 +155,16 @@ def test_dev_stops_the_whole_tree_even_while_a_job_runs(tmp_path: Path, home: Pa
     assert status == "queued"
 
 
-def test_max_steps_repeats_the_data_and_max_seq_length_follows_the_model(embedded: Tuneq, home: Path) -> None:
+def test_max_steps_repeats_the_data_and_max_seq_length_follows_the_model(service: Tuneq, home: Path) -> None:
     """No epochs and no max_seq_length given: max_steps is the run's length (the data repeats,
     as with the HF Trainer's max_steps) and the sequence length is the model's (256 positions)."""
     job_body = body(home, dataset=str(home / "data" / "repeated.jsonl"), training={"max_steps": 12})
-    plan = embedded.client.post("/jobs/plan", json=job_body).json()
+    plan = service.client.post("/jobs/plan", json=job_body).json()
     assert plan["steps_per_epoch"] < 12 and plan["total_steps"] == 12, plan
-    job = embedded.submit(job_body)
+    job = service.submit(job_body)
     assert job["training"]["max_seq_length"] == 256  # the tiny model's max_position_embeddings
-    job = embedded.wait(job["id"])
-    check_succeeded(embedded, job, steps=12)
+    job = service.wait(job["id"])
+    check_succeeded(service, job, steps=12)
     assert job["latest_metrics"]["epoch"] > 1  # more than one pass over the data
 
 
@@ -238,7 +221,7 @@ def test_postgres_and_redis_with_separate_api_and_worker(
         service.stop()
 
 
-def test_a_hugging_face_docs_config_with_auto_values(embedded: Tuneq, home: Path) -> None:
+def test_a_hugging_face_docs_config_with_auto_values(service: Tuneq, home: Path) -> None:
     """The ZeRO-3 config from the Hugging Face docs, "auto" everywhere, on 2 ranks."""
     from tests.shared.deepspeed.test_auto_values import HF_ZERO3
 
@@ -254,17 +237,17 @@ def test_a_hugging_face_docs_config_with_auto_values(embedded: Tuneq, home: Path
     # A monitor writing to a path of the user's choosing is moved under the job's run directory.
     elsewhere = home.parent / "not-the-run-dir"
     config = {**HF_ZERO3, "csv_monitor": {"enabled": True, "output_path": str(elsewhere), "job_name": "x"}}
-    job = embedded.submit(body(home, deepspeed_config=config, num_gpus=2, training=training))
+    job = service.submit(body(home, deepspeed_config=config, num_gpus=2, training=training))
     assert job["resolved_deepspeed_config"]["train_batch_size"] == 4
     assert job["resolved_deepspeed_config"]["scheduler"]["params"]["total_num_steps"] == "auto"
-    job = embedded.wait(job["id"])
-    metrics = check_succeeded(embedded, job, steps=10)
+    job = service.wait(job["id"])
+    metrics = check_succeeded(service, job, steps=10)
     resolved = job["resolved_deepspeed_config"]
     assert resolved["scheduler"]["params"]["total_num_steps"] == 10  # filled by the worker
     assert resolved["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the tiny model's hidden size
     rates = [m["learning_rate"] for m in metrics]
     assert rates[0] < rates[3] and max(rates) == pytest.approx(2e-3) and rates[-1] < max(rates)  # warmup, decay
-    check_exported_model(embedded, job, home / "data" / "tiny-gpt-neo")
+    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
     assert not elsewhere.exists()
     monitor = Path(resolved["csv_monitor"]["output_path"])
     assert monitor.is_relative_to(home / "runs" / job["id"]) and any(monitor.rglob("*.csv"))

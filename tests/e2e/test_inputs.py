@@ -10,26 +10,23 @@ from typing import Any
 import pytest
 
 from cli.samples import (
-    build_tiny_model,
     seed_config,
     write_messages_dataset,
     write_prompt_completion_dataset,
     write_text_dataset,
 )
 
-from .harness import Tuneq
+from .harness import Tuneq, job_body
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def home(home: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    home = tmp_path_factory.mktemp("inputs") / "home"
     data = home / "data"
-    build_tiny_model(data / "tiny-gpt-neo")
     write_text_dataset(data / "text.jsonl", records=200)
     write_prompt_completion_dataset(data / "qa.jsonl", records=60)
     conversations = write_messages_dataset(data / "chat.jsonl", records=60)
@@ -63,10 +60,9 @@ def s3_endpoint(home: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def service(home: Path, s3_endpoint: str) -> Iterator[Tuneq]:
-    tuneq = Tuneq(home=home, env={**S3_ENV, "TUNEQ_S3_ENDPOINT_URL": s3_endpoint}).start()
-    yield tuneq
-    tuneq.stop()
+def service_env(s3_endpoint: str) -> dict[str, str]:
+    """The service reads ``s3://`` datasets from the loopback S3 above, with its test credentials."""
+    return {**S3_ENV, "TUNEQ_S3_ENDPOINT_URL": s3_endpoint}
 
 
 def run(service: Tuneq, home: Path, dataset: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -76,12 +72,7 @@ def run(service: Tuneq, home: Path, dataset: str, **fields: Any) -> tuple[dict[s
 
 
 def body(home: Path, dataset: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "model": str(home / "data" / "tiny-gpt-neo"),
-        "dataset": dataset if "://" in dataset else str(home / "data" / dataset),
-        "deepspeed_config": seed_config(fp16=False, train_batch_size=2, lr=1e-3),
-        **fields,
-    }
+    return job_body(home, dataset, deepspeed_config=seed_config(fp16=False, train_batch_size=2, lr=1e-3)) | fields
 
 
 def test_prompt_completion_with_a_validation_split(service: Tuneq, home: Path) -> None:

@@ -2,43 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import seed_config, write_text_dataset
 
-from .harness import Tuneq
+from .harness import Tuneq, job_body
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("lora") / "home"
-    build_tiny_model(home / "data" / "tiny-gpt-neo")
+def home(home: Path) -> Path:
     write_text_dataset(home / "data" / "train.jsonl", records=120)
     return home
 
 
-@pytest.fixture(scope="module")
-def service(home: Path) -> Iterator[Tuneq]:
-    tuneq = Tuneq(home=home).start()
-    yield tuneq
-    tuneq.stop()
-
-
 def submit(service: Tuneq, home: Path, lora: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    body = {
-        "model": str(home / "data" / "tiny-gpt-neo"),
-        "dataset": str(home / "data" / "train.jsonl"),
-        "deepspeed_config": seed_config(fp16=False, train_batch_size=2, lr=1e-2),
-        "training": {"max_steps": 4, "max_seq_length": 64, "checkpoint_every_steps": 2, "lora": lora},
-        **fields,
-    }
+    config = seed_config(fp16=False, train_batch_size=2, lr=1e-2)
+    training = {"max_steps": 4, "max_seq_length": 64, "checkpoint_every_steps": 2, "lora": lora}
+    body = job_body(home, "train.jsonl", deepspeed_config=config, training=training) | fields
     return service.wait(service.submit(body)["id"], timeout=300)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,35 +9,22 @@ import pytest
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 
-from .harness import Tuneq
+from .harness import Tuneq, job_body
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("resume-from") / "home"
-    build_tiny_model(home / "data" / "tiny-gpt-neo")
+def home(home: Path) -> Path:
     build_tiny_model(home / "data" / "other-model", seed=1)
     write_text_dataset(home / "data" / "repeated.jsonl", records=96, vary=False)
     return home
 
 
-@pytest.fixture(scope="module")
-def service(home: Path) -> Iterator[Tuneq]:
-    tuneq = Tuneq(home=home).start()
-    yield tuneq
-    tuneq.stop()
-
-
 def body(home: Path, **fields: Any) -> dict[str, Any]:
-    return {
-        "model": str(home / "data" / "tiny-gpt-neo"),
-        "dataset": str(home / "data" / "repeated.jsonl"),
-        "deepspeed_config": seed_config(fp16=False, train_batch_size=2, lr=1e-2),
-        "training": {"max_steps": 4, "max_seq_length": 64},
-        **fields,
-    }
+    config = seed_config(fp16=False, train_batch_size=2, lr=1e-2)
+    training = {"max_steps": 4, "max_seq_length": 64}
+    return job_body(home, "repeated.jsonl", deepspeed_config=config, training=training) | fields
 
 
 def run(service: Tuneq, request: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:

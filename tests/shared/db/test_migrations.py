@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,18 @@ def empty_postgres_url(tuneq_home: Path, postgres_url: str, monkeypatch: pytest.
 
 @pytest.fixture
 def engine(empty_database_url: str) -> Iterator[Engine]:
-    engine = make_migration_engine(empty_database_url)
-    yield engine
-    engine.dispose()
+    with migration_engine(empty_database_url) as engine:
+        yield engine
+
+
+@contextmanager
+def migration_engine(url: str) -> Iterator[Engine]:
+    """``make_migration_engine(url)``, disposed of on leaving, so no connection outlives its use."""
+    engine = make_migration_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def schema_differences(engine: Engine) -> list[Any]:
@@ -158,12 +168,8 @@ def test_postgres_enum_types_have_the_python_values(empty_postgres_url: str) -> 
         if isinstance(column.type, sa.Enum) and column.type.name
     }
     assert expected  # JobStatus, EventType, CheckpointKind
-    engine = make_migration_engine(empty_postgres_url)
-    try:
-        with engine.connect() as conn:
-            enums = inspect(conn).get_enums()  # the Postgres inspector's
-    finally:
-        engine.dispose()
+    with migration_engine(empty_postgres_url) as engine, engine.connect() as conn:
+        enums = inspect(conn).get_enums()  # the Postgres inspector's
     assert {e["name"]: list(e["labels"]) for e in enums} == expected
 
 
@@ -215,11 +221,8 @@ def test_alembic_command_upgrades_with_the_repository_ini(empty_database_url: st
         [sys.executable, "-m", "alembic", "current"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert f"{HEAD} (head)" in current.stdout, current.stdout + current.stderr
-    engine = make_migration_engine(empty_database_url)
-    try:
+    with migration_engine(empty_database_url) as engine:
         assert schema_differences(engine) == []
-    finally:
-        engine.dispose()
 
 
 def test_tuneq_migrate_needs_no_checkout(empty_database_url: str, tmp_path: Path) -> None:
@@ -230,11 +233,8 @@ def test_tuneq_migrate_needs_no_checkout(empty_database_url: str, tmp_path: Path
     assert "alembic.ini" not in os.listdir(tmp_path)
     again = cli("migrate", cwd=tmp_path)  # nothing left to do
     assert again.returncode == 0, again.stderr
-    engine = make_migration_engine(empty_database_url)
-    try:
+    with migration_engine(empty_database_url) as engine:
         assert database_revision_problem(engine) is None
-    finally:
-        engine.dispose()
 
 
 def test_a_database_from_before_migrations_is_adopted(engine: Engine) -> None:
@@ -267,8 +267,7 @@ def test_tables_from_before_migrations_with_another_schema_are_not_adopted(engin
 
 
 def test_postgres_tables_from_before_migrations_need_the_enum_values_too(empty_postgres_url: str) -> None:
-    engine = make_migration_engine(empty_postgres_url)
-    try:
+    with migration_engine(empty_postgres_url) as engine:
         command.upgrade(alembic_config(engine.url), INITIAL_REVISION)
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE alembic_version"))
@@ -277,8 +276,6 @@ def test_postgres_tables_from_before_migrations_need_the_enum_values_too(empty_p
             conn.execute(text("ALTER TABLE job_events ALTER COLUMN type TYPE eventtype USING type::text::eventtype"))
         with pytest.raises(DatabaseNotMigrated, match=r"enum eventtype values.*cannot be adopted"):
             migrate_database(engine.url)
-    finally:
-        engine.dispose()
 
 
 # ---- the startup rule -------------------------------------------------------------------
@@ -310,23 +307,17 @@ def test_messages_hide_the_password() -> None:
 def test_the_embedded_default_migrates_itself(tuneq_home: Path) -> None:
     assert not (tuneq_home / "tuneq.sqlite").exists()
     init_db()
-    engine = make_migration_engine(f"sqlite:///{tuneq_home / 'tuneq.sqlite'}")
-    try:
+    with migration_engine(f"sqlite:///{tuneq_home / 'tuneq.sqlite'}") as engine:
         assert revisions(engine) == head_revisions()
         assert schema_differences(engine) == []
-    finally:
-        engine.dispose()
     init_db()  # and again: at head already
 
 
 def test_a_server_database_is_checked_not_migrated(empty_postgres_url: str) -> None:
     with pytest.raises(DatabaseNotMigrated, match=r"not migrated .* run `tuneq migrate`"):
         init_db()
-    engine = make_migration_engine(empty_postgres_url)
-    try:
+    with migration_engine(empty_postgres_url) as engine:
         assert table_names(engine) == set()  # refusing changed nothing
-    finally:
-        engine.dispose()
     migrate_database()
     init_db()
 
@@ -345,22 +336,16 @@ def test_embedded_processes_starting_together_all_migrate(tmp_path: Path) -> Non
         env = {**os.environ, "TUNEQ_HOME": str(home)}
         env.pop("TUNEQ_DATABASE_URL", None)
         _concurrently("from shared.db.engine import init_db; init_db()", env)
-        engine = make_migration_engine(f"sqlite:///{home / 'tuneq.sqlite'}")
-        try:
+        with migration_engine(f"sqlite:///{home / 'tuneq.sqlite'}") as engine:
             assert revisions(engine) == head_revisions()
             assert schema_differences(engine) == []
-        finally:
-            engine.dispose()
 
 
 def test_postgres_migrators_take_turns(empty_postgres_url: str) -> None:
     _concurrently("from shared.db.engine import migrate_database; migrate_database()", {**os.environ}, n=3)
-    engine = make_migration_engine(empty_postgres_url)
-    try:
+    with migration_engine(empty_postgres_url) as engine:
         assert revisions(engine) == head_revisions()
         assert schema_differences(engine) == []
-    finally:
-        engine.dispose()
 
 
 # ---- the real processes -----------------------------------------------------------------
@@ -398,18 +383,20 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait()
 
 
-def test_serve_on_the_embedded_default_migrates_it(tuneq_home: Path) -> None:
+def _serve_until_ready() -> None:
+    """Start ``tuneq serve``, wait until it answers /readyz (past its database check), stop it."""
     port = free_port()
     server = _serve(port)
     try:
         _wait_ready(server, port)
     finally:
         _stop(server)
-    engine = make_migration_engine(f"sqlite:///{tuneq_home / 'tuneq.sqlite'}")
-    try:
+
+
+def test_serve_on_the_embedded_default_migrates_it(tuneq_home: Path) -> None:
+    _serve_until_ready()
+    with migration_engine(f"sqlite:///{tuneq_home / 'tuneq.sqlite'}") as engine:
         assert revisions(engine) == head_revisions()
-    finally:
-        engine.dispose()
 
 
 def test_serve_and_worker_refuse_an_unmigrated_postgres_until_migrated(empty_postgres_url: str) -> None:
@@ -426,9 +413,4 @@ def test_serve_and_worker_refuse_an_unmigrated_postgres_until_migrated(empty_pos
     assert migrated.returncode == 0, migrated.stderr
     assert f"at revision {HEAD} (head)" in migrated.stdout
 
-    port = free_port()
-    server = _serve(port)
-    try:
-        _wait_ready(server, port)
-    finally:
-        _stop(server)
+    _serve_until_ready()
