@@ -264,6 +264,8 @@ def read_sse(response: httpx.Response, *, until: Any) -> list[dict[str, Any]]:
     """The stream's events (as the client reads them: httpx-sse) until ``until(events)`` holds."""
     events: list[dict[str, Any]] = []
     for message in EventSource(response).iter_sse():
+        if not message.data:
+            continue  # a keep-alive ping: httpx-sse yields one (with the last id) per ping comment
         events.append({"id": int(message.id), "event": message.event, "data": json.loads(message.data)})
         if until(events):
             break
