@@ -39,13 +39,14 @@ def detect_hardware() -> Hardware:
     """Ask torch in a short-lived child, so the worker process itself never initialises CUDA
     (a CUDA context does not survive Celery's fork) and stays free of torch's memory. A torch
     built for CPUs only cannot see a GPU, and saying so needs no import of it (seconds)."""
-    if not torch_build_has_gpu_support():
-        return Hardware("cpu", os.cpu_count() or 1)
-    probe = "import json, torch; print(json.dumps({'cuda': torch.cuda.is_available(), 'n': torch.cuda.device_count()}))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-    facts = json.loads(out.stdout.strip().splitlines()[-1])
-    if facts["cuda"] and facts["n"] > 0:
-        return Hardware("cuda", int(facts["n"]))
+    if torch_build_has_gpu_support():
+        probe = (
+            "import json, torch; print(json.dumps({'cuda': torch.cuda.is_available(), 'n': torch.cuda.device_count()}))"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+        if facts["cuda"] and facts["n"] > 0:
+            return Hardware("cuda", int(facts["n"]))
     return Hardware("cpu", os.cpu_count() or 1)
 
 

@@ -3,7 +3,7 @@
 A cold ``deepspeed`` launch spends most of the time before its first step importing torch,
 DeepSpeed and transformers: in the launcher's runner, again in ``launch.py``, again in every
 rank (about 10 s each on a small host). The warm start pays that once per worker process:
-``python -m worker.rank.zygote`` (the *zygote*) imports them (``PRELOAD``) and loads DeepSpeed's
+``python -m worker.rank.zygote`` (the *zygote*) imports them (its ``PRELOAD``) and loads DeepSpeed's
 optimizer ops (``deepspeed_ops.preload_ops``: seconds a rank, even when built) while the worker
 is idle, and each job's ranks are ``fork()``-ed from it. A rank gets the environment DeepSpeed's
 ``launch.py`` gives its ranks (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,

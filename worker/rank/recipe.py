@@ -363,7 +363,9 @@ class FineTuneRecipe:
         """A DeepSpeed checkpoint of this step, with the data position a resume continues from.
         ``unreported``: the steps since the last report, whose tokens count too (every rank
         saves at the same step, so summing them across ranks here is safe)."""
-        pending = unreported.summed(self.engine.device).real_tokens if unreported is not None else 0
+        pending = 0
+        if unreported is not None and unreported.micro_batches:  # the same count on every rank
+            pending = unreported.summed(self.engine.device).real_tokens
         position = {
             "step": self.step,
             "epoch": self.epoch,
