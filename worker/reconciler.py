@@ -3,7 +3,8 @@
 Every worker runs this loop (any number may: each action is a conditional UPDATE that only
 one reconciler can win). It requeues running jobs whose lease expired (their worker died),
 and publishes again queued jobs that nobody claimed (a broker that was down at submit, or a
-message lost with a killed worker).
+message lost with a killed worker). On its own host it also removes the shared-memory
+buffers that the ranks of a killed worker left once those ranks are gone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from shared.db.lifecycle import (
 from shared.db.models import JobStatus, utcnow
 from shared.queue import enqueue_job
 from shared.settings import Settings
+from worker.shm_buffers import remove_stale_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -66,5 +68,11 @@ def run_reconciler(*, settings: Settings, stop: threading.Event) -> None:
             reconcile_once(settings=settings)
         except Exception:
             logger.exception("reconciler pass failed; trying again in %.0fs", settings.reconcile_seconds)
+        # The ranks of a worker killed just before this one started may still have been dying
+        # when it swept at start-up (prepare_worker): their buffers are collected here.
+        try:
+            remove_stale_buffers()
+        except OSError:
+            logger.exception("cannot sweep stale all-reduce buffers; trying again in %.0fs", settings.reconcile_seconds)
         if stop.wait(settings.reconcile_seconds):
             return

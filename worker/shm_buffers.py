@@ -7,8 +7,9 @@ unlinks it: each job would leave its ranks' segments in RAM for good. A job's ma
 free when its ranks start and is held by them until they exit, so the port names one job's
 segments among all those of the host; once its ranks have exited the worker removes them
 (:func:`remove_job_buffers`). A worker killed before it could do so leaves them behind, so a
-worker also removes, when it starts, the segments of jobs whose ranks are gone
-(:func:`remove_stale_buffers`).
+worker also removes the segments of jobs whose ranks are gone (:func:`remove_stale_buffers`)
+when it starts and on every pass of its reconciler (ranks still dying at its start are swept
+on a later pass).
 """
 
 from __future__ import annotations

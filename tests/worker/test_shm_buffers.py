@@ -1,15 +1,20 @@
 """DeepSpeed's all-reduce buffers in /dev/shm: a job's are removed with its ranks, and a worker
-removes, when it starts, those whose ranks are gone."""
+removes those whose ranks are gone, when it starts and on every reconciler pass."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
+import pytest
+
 from shared.ports import free_port
-from worker import shm_buffers
+from shared.settings import Settings
+from worker import reconciler, shm_buffers
 from worker.shm_buffers import BUFFER_PREFIX, job_buffers, remove_job_buffers, remove_stale_buffers
 
 UID = os.getuid()
@@ -52,3 +57,31 @@ def test_the_start_up_sweep_removes_only_buffers_whose_ranks_are_gone(tmp_path: 
         assert starting.exists() and mapped.exists() and other_user.exists()
     assert remove_stale_buffers(shm_dir=tmp_path) == 2  # that job's store is gone, and nothing maps the other
     assert other_user.exists()
+
+
+def test_the_reconciler_sweeps_buffers_whose_ranks_died_after_the_worker_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker started while a killed worker's ranks were still dying found their buffers
+    mapped at start-up; its reconciler removes them once they are not, even while the
+    database is unreachable."""
+
+    def database_down(**_: object) -> None:
+        raise ConnectionError("database unreachable")
+
+    monkeypatch.setattr(reconciler, "reconcile_once", database_down)
+    left = buffer(shm_buffers.SHM_DIR, port=free_port(), rank=0)
+    stop = threading.Event()
+    sweeping = threading.Thread(
+        target=reconciler.run_reconciler, kwargs={"settings": Settings(reconcile_seconds=0.05), "stop": stop}
+    )
+    sweeping.start()
+    try:
+        deadline = time.monotonic() + 10
+        while left.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left.exists()
+    finally:
+        stop.set()
+        sweeping.join()
+        left.unlink(missing_ok=True)
