@@ -28,7 +28,7 @@ from shared.db.models import (
     Worker,
 )
 from shared.jobs.hardware import Hardware
-from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
+from shared.jobs.run_layout import RunLayout, tail_lines
 from shared.jobs.spec import JobCreate, TrainingOptions
 from shared.jobs.validation import JobValidationError, Problem, validate_job_request
 from shared.queue import enqueue_job
@@ -62,7 +62,7 @@ def _job_for_key(session: Session, key: str, fingerprint: str, owner: str) -> Jo
     return job
 
 
-def resume_from_problems(*, session: Session, job_in: JobCreate, settings: Settings, owner: str) -> list[Problem]:
+def resume_from_problems(*, session: Session, job_in: JobCreate, owner: str) -> list[Problem]:
     """Check ``resume_from``, and pin its step (the newest checkpoint, when not given).
 
     The other job must have a complete DeepSpeed checkpoint there, and train the same model
@@ -76,14 +76,12 @@ def resume_from_problems(*, session: Session, job_in: JobCreate, settings: Setti
     source = get_job(session=session, job_id=start.job_id, owner=owner)  # another owner's: not found
     if source is None:
         return [Problem((*loc, "job_id"), f"job {start.job_id} not found")]
-    layout = RunLayout.for_job(settings, source.id)
-    steps = [
-        c.step
-        for c in session.exec(
-            select(Checkpoint).where(Checkpoint.job_id == source.id, Checkpoint.kind == CheckpointKind.deepspeed)
+    # A checkpoints row exists once every file of it is in the artifact store.
+    steps = list(
+        session.exec(
+            select(Checkpoint.step).where(Checkpoint.job_id == source.id, Checkpoint.kind == CheckpointKind.deepspeed)
         ).all()
-        if CheckpointManifest.read(layout.checkpoints_dir / layout.checkpoint_tag(c.step)) is not None
-    ]
+    )
     if not steps:
         return [Problem((*loc, "job_id"), f"job {source.id} has no complete DeepSpeed checkpoint to start from")]
     if start.step is None:
@@ -170,7 +168,7 @@ def create_job(
         raise ActiveJobLimitError(owner=owner, active=active, limit=limit)
     hardware = deployment_hardware(session=session, settings=settings)
     validated = validate_job_request(job_in, settings=settings, hardware=hardware)
-    if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
+    if problems := resume_from_problems(session=session, job_in=job_in, owner=owner):
         raise JobValidationError(problems)
     job = Job(
         owner=owner,

@@ -78,7 +78,7 @@ def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: 
 
     hardware = deployment_hardware(session=session, settings=settings)
     resolved = validate_job_request(job_in, settings=settings, hardware=hardware).deepspeed_config
-    if problems := resume_from_problems(session=session, job_in=job_in, settings=settings, owner=owner):
+    if problems := resume_from_problems(session=session, job_in=job_in, owner=owner):
         raise JobValidationError(problems)
     future: Future[dict[str, Any]] = _plan_executor().submit(
         _plan_in_child, job_in.model_dump_json(), resolved, settings.model_dump_json()

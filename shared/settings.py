@@ -85,6 +85,19 @@ class Settings(BaseSettings):
     # row and on /metrics, and takes jobs again once space is back. 0: never check.
     min_free_disk_mb: int = Field(default=2048, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # Where checkpoints, exported models, adapters and training logs live (shared.artifacts):
+    # "s3://bucket/prefix" on any S3 store (TUNEQ_S3_ENDPOINT_URL, credentials from the AWS
+    # chain), or a local or mounted directory. Empty: TUNEQ_HOME/runs, where the ranks write
+    # them, so a single host stores nothing twice.
+    artifacts_uri: str = ""
+    # On: GET /jobs/{id}/artifacts/{path} on an S3 store answers with a redirect to a URL
+    # presigned for artifacts_presign_seconds. Off: the API streams the file (clients often
+    # cannot reach the store).
+    artifacts_presign: bool = False
+    artifacts_presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
+    # How long a finished job's worker keeps retrying uploads to an unreachable store before
+    # the job fails with artifact_store_unavailable (its local files stay, for a retry).
+    artifact_upload_deadline_seconds: float = Field(default=600.0, ge=0)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -100,6 +113,8 @@ class Settings(BaseSettings):
             self.broker_url = f"sqla+sqlite:///{self.home / 'broker.sqlite'}"
         if not self.allowed_roots:
             self.allowed_roots = str(self.home / "data")
+        if not self.artifacts_uri:
+            self.artifacts_uri = str(self.runs_dir)
         return self
 
     @property

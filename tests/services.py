@@ -101,3 +101,40 @@ class DatabaseLink:
         with self._lock:
             self._open.discard(source)
             self._open.discard(sink)
+
+
+# Credentials moto's S3 server accepts; the AWS chain reads them from the environment.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class LoopbackS3:
+    """A real S3 API on loopback (moto's server mode). Its buckets live in this process, so
+    ``stop()`` then ``start()`` is an outage of the endpoint that loses nothing, as a store
+    restart or a cut link would be."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._server: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LoopbackS3:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def client(self) -> Any:
+        import boto3
+
+        keys = {k.lower(): v for k, v in S3_CREDENTIALS.items() if "KEY" in k}
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **keys)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from operator import itemgetter
 from pathlib import Path
@@ -20,8 +21,15 @@ from sqlmodel import Session, SQLModel, col, select
 
 from shared.db.job_events import wake_streams_on_commit
 from shared.db.lifecycle import record_progress
-from shared.db.models import Checkpoint, CheckpointKind, EventType, JobEvent, JobMetric, utcnow
-from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, TrainingEvent, training_event_adapter
+from shared.db.models import EventType, JobEvent, JobMetric, utcnow
+from shared.jobs.events import (
+    CheckpointEvent,
+    MetricEvent,
+    PlanEvent,
+    TrainingEvent,
+    UploadWaitEvent,
+    training_event_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +118,11 @@ class EventIngestor:
 
     ``up_to_step`` replays a lost attempt's leftovers: events past the checkpoint the next
     attempt resumes from are superseded and skipped.
+
+    A checkpoint the ranks completed is not recorded here: it counts once it is in the artifact
+    store, so it goes to ``on_checkpoint`` (the attempt's publisher) after the poll that read it
+    has committed. Without ``on_checkpoint`` (a lost attempt's leftovers) it is dropped: what
+    that attempt's worker did not publish does not count.
     """
 
     def __init__(
@@ -121,8 +134,10 @@ class EventIngestor:
         events_offset: int = 0,
         log_offset: int = 0,
         up_to_step: int | None = None,
+        on_checkpoint: Callable[[CheckpointEvent], None] | None = None,
     ) -> None:
         self.job_id = job_id
+        self.on_checkpoint = on_checkpoint
         self.up_to_step = up_to_step
         self._events = FileTail(events_path, offset=events_offset)
         self._log = FileTail(log_path, offset=log_offset) if log_path is not None else None
@@ -163,6 +178,7 @@ class EventIngestor:
         if self._log is not None:
             progress["log_offset"] = self._log.offset - sum(len(line) + 1 for line in self._pending_log)
         metrics: dict[int, dict[str, Any]] = {}  # step -> the step's last report in this poll
+        checkpoints: list[CheckpointEvent] = []
         for event in events:
             superseded = self.up_to_step is not None and getattr(event, "step", 0) > self.up_to_step
             if superseded:
@@ -182,7 +198,13 @@ class EventIngestor:
                 metrics[event.step] = data
                 rows.append(self._event_row(EventType.metric, data))
             elif isinstance(event, CheckpointEvent):
-                self._record_checkpoint(session, event, rows)
+                checkpoints.append(event)
+            elif isinstance(event, UploadWaitEvent):
+                message = (
+                    f"training waits before saving step {event.step}: the checkpoint of step "
+                    f"{event.waiting_for} is still being uploaded to the artifact store"
+                )
+                rows.append(self._event_row(EventType.artifact, {"state": "waiting", "message": message}))
         if metrics:
             self._record_metrics(session, list(metrics.values()), progress)
         if rows:
@@ -190,6 +212,9 @@ class EventIngestor:
             wake_streams_on_commit(session, self.job_id)  # COPY rows pass no ORM flush
         record_progress(session=session, job_id=self.job_id, values=progress)
         session.commit()
+        if self.on_checkpoint is not None:
+            for checkpoint in checkpoints:
+                self.on_checkpoint(checkpoint)
         return len(events)
 
     def _event_row(self, type: EventType, data: dict[str, Any]) -> dict[str, Any]:
@@ -234,25 +259,6 @@ class EventIngestor:
         if self._total_steps is not None and latest["step"] > origin_step:
             per_step = (finished - origin_time).total_seconds() / (latest["step"] - origin_step)
             progress["eta_seconds"] = max(0.0, per_step * (self._total_steps - latest["step"]))
-
-    def _record_checkpoint(self, session: Session, event: CheckpointEvent, rows: list[dict[str, Any]]) -> None:
-        kind = CheckpointKind(event.kind)
-        known = select(Checkpoint.id).where(
-            Checkpoint.job_id == self.job_id, Checkpoint.step == event.step, Checkpoint.kind == kind
-        )
-        if session.exec(known).first() is not None:
-            return
-        session.add(
-            Checkpoint(
-                job_id=self.job_id,
-                step=event.step,
-                kind=kind,
-                uri=event.uri,
-                bytes=event.bytes,
-                created_at=datetime.fromisoformat(event.time),
-            )
-        )
-        rows.append(self._event_row(EventType.checkpoint, event.model_dump(exclude={"type"})))
 
     def _ingest_log(self, rows: list[dict[str, Any]]) -> None:
         if self._log is None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore
+from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import is_transient_database_error, session_scope
 from shared.db.lifecycle import (
     claim_job,
@@ -35,10 +37,12 @@ from shared.jobs.hardware import hardware_problems
 from shared.jobs.run_layout import RunLayout, read_from, tail_lines, write_json_atomic
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.settings import Settings
+from worker.checkpoint_fetch import drop_local_checkpoints_after, fetch_checkpoint
 from worker.disk_space import disk_problem
 from worker.ingest import EventIngestor
 from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import Launcher, RankGroup
+from worker.publisher import ArtifactPublisher
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
@@ -208,12 +212,16 @@ class Attempt:
     log_offset: int  # where ingestion of train.log stopped (a lost attempt's last lines come next)
 
 
-def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
-    """Before attempt n > 1: finish ingesting what attempt n-1 wrote up to the checkpoint this
-    attempt resumes from (its worker may have died before reading it), and drop what it
-    recorded after that step: this attempt trains those steps again."""
-    newest = layout.newest_complete_checkpoint()
+def take_over(job: Job, layout: RunLayout, store: ArtifactStore) -> ResumePoint | None:
+    """Before attempt n > 1: finish ingesting what attempt n-1 wrote up to the newest
+    checkpoint committed to the artifact store (its worker may have died before reading it),
+    drop what it recorded after that step (this attempt trains those steps again), and make
+    that checkpoint a checked local copy. Raises ArtifactIntegrityError when it is not what
+    was published."""
+    with session_scope() as session:
+        newest = newest_checkpoint(session=session, job_id=job.id)
     from_step = newest.step if newest is not None else 0
+    tag = layout.checkpoint_tag(from_step) if newest is not None else None
     with session_scope() as session:
         leftovers = EventIngestor(
             events_path=layout.events(job.attempts - 1),
@@ -223,19 +231,16 @@ def take_over(job: Job, layout: RunLayout) -> ResumePoint | None:
             up_to_step=from_step,
         )
         leftovers.poll(session)
-        rewind_job(
-            session=session,
-            job_id=job.id,
-            to_step=from_step,
-            attempt=job.attempts,
-            checkpoint=newest.tag if newest is not None else None,
-        )
+        rewind_job(session=session, job_id=job.id, to_step=from_step, attempt=job.attempts, checkpoint=tag)
         session.commit()
-    if newest is None:
-        logger.info("job %s attempt %d starts over: no complete checkpoint", job.id, job.attempts)
+    for dropped in drop_local_checkpoints_after(layout, from_step):
+        logger.info("job %s: removed %s, saved by a lost attempt but never published", job.id, dropped)
+    if newest is None or tag is None:
+        logger.info("job %s attempt %d starts over: no committed checkpoint", job.id, job.attempts)
         return None
-    logger.info("job %s attempt %d resumes from %s", job.id, job.attempts, newest.tag)
-    return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=newest.tag, step=newest.step)
+    fetch_checkpoint(store=store, job_id=job.id, layout=layout, step=from_step)
+    logger.info("job %s attempt %d resumes from %s", job.id, job.attempts, tag)
+    return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=tag, step=from_step)
 
 
 def _keep_alive(lease: LeaseKeeper) -> None:
@@ -291,7 +296,8 @@ def prepare_attempt(
     for stale in layout.errors_dir.glob("rank-*.json"):
         stale.unlink()  # a lost attempt's errors say nothing about this one
     layout.remove_incomplete_saves()  # what a lost attempt's ranks were writing when they died
-    resume = take_over(job, layout) if job.attempts > 1 else None
+    store = ArtifactStore.from_settings(settings)
+    resume = take_over(job, layout, store) if job.attempts > 1 else None
     start = None
     if resume is None and job.resume_from is not None:
         # Converting may take long: the lease is kept, and a cancel ends the attempt.
@@ -300,6 +306,7 @@ def prepare_attempt(
             num_gpus=job.num_gpus,
             layout=layout,
             settings=settings,
+            store=store,
             keep_alive=lambda: _keep_alive(lease) if lease is not None else None,
         )
     training = TrainingOptions.model_validate(job.training)
@@ -366,6 +373,10 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker
             return
         except ConversionFailed as e:
             _finish(job.id, JobStatus.failed, ErrorCode.training_error, str(e))
+            return
+        except ArtifactIntegrityError as e:
+            logger.error("job %s: %s", job.id, e)
+            _finish(job.id, JobStatus.failed, ErrorCode.artifact_integrity, f"the checkpoint to resume from: {e}")
             return
         except WorkerStopping:
             _release(job.id, job.attempts, reason="the worker running this job was stopped")
@@ -442,8 +453,13 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         attempt.spec.num_gpus,
         launcher.hardware.accelerator,
     )
+    publisher = ArtifactPublisher(job_id=job_id, layout=layout, store=ArtifactStore.from_settings(settings))
     ingestor = EventIngestor(
-        events_path=layout.events(attempt.number), log_path=layout.log, job_id=job_id, log_offset=attempt.log_offset
+        events_path=layout.events(attempt.number),
+        log_path=layout.log,
+        job_id=job_id,
+        log_offset=attempt.log_offset,
+        on_checkpoint=publisher.submit,
     )
     outage = DatabaseOutage(job_id=job_id, lease=lease)
     process: RankGroup | None = None
@@ -465,11 +481,13 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 if outage.failed(e):
                     continue
                 process.stop(grace_seconds=0)
+                publisher.abandon()
                 return
             outage.recovered()
             if status is None:
                 logger.warning("job %s attempt %d lost its lease; stopping its ranks", job_id, attempt.number)
                 process.stop(grace_seconds=0)
+                publisher.abandon()
                 return
             if status == JobStatus.cancelling:
                 ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
@@ -499,15 +517,17 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                     logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
         for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
             logger.info("job %s: removed %s, a save that never finished", job_id, removed)
-        _record_outcome(attempt, ingestor, ending, outage)
+        _record_outcome(attempt, ingestor, publisher, ending, outage, settings=settings)
     except WorkerStopping:
         logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
+        publisher.abandon()
         if process is not None:
             process.stop(grace_seconds=STOP_GRACE_SECONDS)
         _release(attempt.job_id, attempt.number, reason="the worker running this job was stopped")
         raise SystemExit(0) from None
     except Exception:
         logger.exception("job %s: the worker failed while running it", job_id)
+        publisher.abandon()
         if process is not None:
             process.stop(grace_seconds=STOP_GRACE_SECONDS)
         with session_scope() as session:
@@ -520,17 +540,44 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
             )
 
 
-def _record_outcome(attempt: Attempt, ingestor: EventIngestor, ending: Ending, outage: DatabaseOutage) -> None:
-    """What the ranks wrote last (the final step's metrics, the export's checkpoint), then the
-    attempt's outcome, in one transaction; retried like a poll while the database is away. An
-    attempt its host failed (``queued``) goes back to the queue for any worker to resume."""
+def _record_outcome(
+    attempt: Attempt,
+    ingestor: EventIngestor,
+    publisher: ArtifactPublisher,
+    ending: Ending,
+    outage: DatabaseOutage,
+    *,
+    settings: Settings,
+) -> None:
+    """What the ranks wrote last (the final step's metrics, the export's checkpoint), then
+    their uploads and the training log's, then the attempt's outcome; the database retried
+    like a poll while it is away. An attempt its host failed (``queued``) goes back to the
+    queue for any worker to resume from what is in the store."""
     while True:
         try:
             with session_scope() as session:
                 ingestor.poll(session)
-                if ending.status == JobStatus.queued:  # (the poll committed what it ingested)
-                    _release(attempt.job_id, attempt.number, reason=ending.message or "", code=ErrorCode.host_error)
-                    return
+            break
+        except Exception as e:
+            if outage.failed(e):
+                continue
+            publisher.abandon()
+            return  # the lease ran out: the reconciler requeues the job
+    problem = publisher.finish(deadline_seconds=settings.artifact_upload_deadline_seconds, log=attempt.layout.log)
+    if problem is not None and ending.status == JobStatus.succeeded:
+        message = (
+            f"the job trained, but the artifact store {publisher.store} stayed unreachable for "
+            f"{settings.artifact_upload_deadline_seconds:.0f}s after it ended ({problem}); its files are kept on "
+            f"worker {attempt.worker_id} in {attempt.layout.root}"
+        )
+        ending = Ending(JobStatus.failed, ErrorCode.artifact_store_unavailable, message)
+        logger.error("job %s: %s", attempt.job_id, message)
+    while True:
+        try:
+            if ending.status == JobStatus.queued:
+                _release(attempt.job_id, attempt.number, reason=ending.message or "", code=ErrorCode.host_error)
+                return
+            with session_scope() as session:
                 finish_job(
                     session=session,
                     job_id=attempt.job_id,

@@ -20,9 +20,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from shared.artifacts.store import ArtifactStore
 from shared.jobs.run_layout import CheckpointManifest, RunLayout, tail_lines
 from shared.jobs.spec import ResumePoint
 from shared.settings import Settings
+from worker.checkpoint_fetch import fetch_checkpoint
 from worker.job_inputs import InputProblem
 
 logger = logging.getLogger(__name__)
@@ -41,17 +43,19 @@ def start_point(
     num_gpus: int,
     layout: RunLayout,
     settings: Settings,
+    store: ArtifactStore,
     keep_alive: Callable[[], None],
 ) -> ResumePoint:
-    """The checkpoint to load; ``keep_alive`` is called while converting (it may raise)."""
-    source = RunLayout.for_job(settings, uuid.UUID(str(resume_from["job_id"])))
+    """The checkpoint to load, fetched from the artifact store into the other job's run
+    directory on this host (a cache) and checked; ``keep_alive`` is called while converting
+    (it may raise)."""
+    source_id = uuid.UUID(str(resume_from["job_id"]))
+    source = RunLayout.for_job(settings, source_id)
     step = int(str(resume_from["step"]))
     tag = source.checkpoint_tag(step)
-    manifest = CheckpointManifest.read(source.checkpoints_dir / tag)
+    manifest = CheckpointManifest.read(fetch_checkpoint(store=store, job_id=source_id, layout=source, step=step))
     if manifest is None:
-        raise InputProblem(
-            f"resume_from: the checkpoint of job {resume_from['job_id']} at step {step} is no longer on this host"
-        )
+        raise InputProblem(f"resume_from: the checkpoint of job {source_id} at step {step} has no manifest")
     if manifest.world_size == num_gpus:
         return ResumePoint(checkpoints_dir=str(source.checkpoints_dir), tag=tag, step=step)
     converted = layout.root / "start-from"

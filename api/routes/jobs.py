@@ -9,6 +9,7 @@ from sqlmodel import Session
 from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service, plan_service
+from api.artifact_download import serve_artifact
 from api.auth import OwnerDep
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
@@ -16,9 +17,12 @@ from api.jobs_service import JobAnswer
 from api.read_cache import ReadCache
 from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
+from shared.db.artifacts import get_artifact, list_artifacts
 from shared.db.engine import get_read_engine
 from shared.db.lifecycle import JobFinishedError
 from shared.db.models import (
+    ArtifactPublic,
+    ArtifactsPublic,
     CheckpointPublic,
     CheckpointsPublic,
     EventPublic,
@@ -172,6 +176,42 @@ def get_checkpoints(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep)
     _job_or_404(session, job_id, owner)
     rows = jobs_service.list_checkpoints(session=session, job_id=job_id)
     return CheckpointsPublic(data=[CheckpointPublic.model_validate(r) for r in rows])
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactsPublic, responses=NOT_FOUND)
+def get_artifacts(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> ArtifactsPublic:
+    """Every file of the job in the artifact store: checkpoints, the model or adapter, the log."""
+    _job_or_404(session, job_id, owner)
+    rows = list_artifacts(session=session, job_id=job_id)
+    return ArtifactsPublic(data=[ArtifactPublic.model_validate(r) for r in rows])
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The file"},
+        206: {"content": {"application/octet-stream": {}}, "description": "The bytes the Range header asked for"},
+        307: {"description": "A presigned URL of the store (TUNEQ_ARTIFACTS_PRESIGN)"},
+        416: error("The Range is outside the file"),
+        **NOT_FOUND,
+    },
+)
+def download_artifact(
+    job_id: uuid.UUID,
+    path: str,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    owner: OwnerDep,
+    range: Annotated[str | None, Header(max_length=200)] = None,
+    if_range: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """One file, as ``path`` appears in the job's artifacts; ``Range: bytes=N-`` resumes."""
+    _job_or_404(session, job_id, owner)
+    artifact = get_artifact(session=session, job_id=job_id, path=path)
+    if artifact is None:
+        raise HTTPException(status_code=404, detail=f"job {job_id} has no artifact {path!r}")
+    return serve_artifact(artifact, settings=settings, range_header=range, if_range=if_range)
 
 
 def _sse(job_id: uuid.UUID, after: int) -> EventSourceResponse:

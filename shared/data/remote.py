@@ -735,9 +735,9 @@ def _safe_filename(name: str) -> str:
 
 
 def _fetch_s3(remote: RemoteDataset, settings: Settings, cache: _Cache) -> Path:
-    import s3fs
+    from shared.artifacts.store import s3_filesystem
 
-    fs = s3fs.S3FileSystem(endpoint_url=settings.s3_endpoint_url or None, skip_instance_cache=True)
+    fs = s3_filesystem(settings)
     key = f"{remote.location}/{remote.path}"
     try:
         info = fs.info(key)

@@ -49,6 +49,8 @@ class ErrorCode(StrEnum):
     timeout = "timeout"  # training.max_duration_seconds ran out
     cancelled = "cancelled"  # a user cancelled the job
     internal_error = "internal_error"  # tuneq itself failed
+    artifact_store_unavailable = "artifact_store_unavailable"  # the store stayed unreachable: retry the upload
+    artifact_integrity = "artifact_integrity"  # a file in the store is not the one that was published
 
 
 # The owner of every job while the API runs without keys (TUNEQ_AUTH=off), and of the jobs
@@ -120,6 +122,7 @@ class EventType(StrEnum):
     log = "log"
     download = "download"  # a remote dataset's download progress
     plan = "plan"  # what the ranks found once model and data were loaded: steps, rows, model load
+    artifact = "artifact"  # publishing to the artifact store: waits, retries, deletions by retention
 
 
 class JobEvent(SQLModel, table=True):
@@ -197,6 +200,36 @@ class Checkpoint(SQLModel, table=True):
     kind: CheckpointKind
     uri: str
     bytes: int = Field(sa_type=BigInteger)  # checkpoints of large models pass 2 GiB
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class ArtifactKind(StrEnum):
+    """What a file of a job's artifacts belongs to: a checkpoint of one of CheckpointKind's kinds, or the log."""
+
+    deepspeed = "deepspeed"
+    model = "model"
+    adapter = "adapter"
+    log = "log"
+
+
+class ArtifactBase(SQLModel):
+    path: str = Field(max_length=1000)  # relative to the job's artifacts: "model/model.safetensors"
+    kind: ArtifactKind
+    step: int | None = None  # the checkpoint's step (None for the log)
+    size: int = Field(sa_type=BigInteger)
+    sha256: str = Field(max_length=64)
+
+
+class Artifact(ArtifactBase, table=True):
+    """A file published to the artifact store (shared.artifacts): listed here only once it is
+    complete there, with the SHA-256 every later read is checked against. A checkpoint's files
+    are listed in the transaction that records its Checkpoint row."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "path"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
@@ -321,6 +354,14 @@ class CheckpointPublic(SQLModel):
 
 class CheckpointsPublic(SQLModel):
     data: list[CheckpointPublic]
+
+
+class ArtifactPublic(ArtifactBase):
+    created_at: UTCDateTime
+
+
+class ArtifactsPublic(SQLModel):
+    data: list[ArtifactPublic]
 
 
 class LogsPublic(SQLModel):

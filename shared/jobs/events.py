@@ -57,5 +57,17 @@ class RankError(BaseModel):
     time: str
 
 
-TrainingEvent = Annotated[PlanEvent | MetricEvent | CheckpointEvent, Field(discriminator="type")]
-training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent] = TypeAdapter(TrainingEvent)
+class UploadWaitEvent(BaseModel):
+    """Training stopped before saving ``step``: the checkpoint of ``waiting_for`` is still
+    being published to the artifact store (one upload at a time)."""
+
+    type: Literal["upload_wait"] = "upload_wait"
+    step: int
+    waiting_for: int
+    time: str
+
+
+TrainingEvent = Annotated[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent, Field(discriminator="type")]
+training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent] = TypeAdapter(
+    TrainingEvent
+)

@@ -59,6 +59,11 @@ class RunLayout:
     def checkpoint_tag(self, step: int) -> str:
         return f"step-{step:08d}"
 
+    def published_marker(self, tag: str) -> Path:
+        """Written by the worker once checkpoint ``tag`` is committed in the artifact store:
+        the ranks wait for it before they save the next one."""
+        return self.root / "published" / tag
+
     def remove_incomplete_saves(self) -> list[Path]:
         """Delete what saves that never finished left (a full disk, a killed rank): checkpoint
         directories without a manifest and half-written exports (``*.partial``). Nothing reads

@@ -23,9 +23,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlmodel import Session, select
 
+from shared.artifacts.store import ArtifactStore, job_key
 from shared.db.api_keys import create_key, is_loopback
+from shared.db.artifacts import publish_files
 from shared.db.engine import get_engine
-from shared.db.models import ApiKey, Job
+from shared.db.models import ApiKey, ArtifactKind, Job
 from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import get_settings
@@ -84,9 +86,23 @@ JOB_ROUTES = [
     ("GET", "/events", {}),
     ("GET", "/events", {"headers": {"Accept": "text/event-stream"}}),
     ("GET", "/events/stream", {}),
+    ("GET", "/artifacts", {}),
+    ("GET", "/artifacts/train.log", {}),
     ("POST", "/cancel", {}),
 ]
-ROUTE_IDS = ["get", "metrics", "checkpoints", "logs", "logs-follow", "events", "events-sse", "events-stream", "cancel"]
+ROUTE_IDS = [
+    "get",
+    "metrics",
+    "checkpoints",
+    "logs",
+    "logs-follow",
+    "events",
+    "events-sse",
+    "events-stream",
+    "artifacts",
+    "artifact",
+    "cancel",
+]
 
 
 @pytest.mark.parametrize(("method", "suffix", "extra"), JOB_ROUTES, ids=ROUTE_IDS)
@@ -103,6 +119,12 @@ def test_another_owners_job_is_not_found(
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
     layout.log.write_text("alice's secret log line\n")
+    with Session(get_engine()) as session:  # as the worker publishes it at the job's end
+        stored = ArtifactStore.from_settings(get_settings()).put_file(layout.log, job_key(job_id, "train.log"))
+        publish_files(
+            session, job_id=uuid.UUID(job_id), files=[("train.log", stored)], kind=ArtifactKind.log, step=None
+        )
+        session.commit()
     # alice's read is kept for GET /jobs/{id} (api.read_cache): bob still gets the 404.
     assert app_client.get(f"/jobs/{job_id}", headers=alice).status_code == 200
 
@@ -125,6 +147,8 @@ def test_another_owners_job_is_not_found(
             assert mine.json() == {"lines": ["alice's secret log line"]}
         elif suffix == "":
             assert mine.json()["owner"] == "alice"
+        elif suffix == "/artifacts/train.log":
+            assert mine.content == b"alice's secret log line\n"
         else:
             assert mine.status_code == 200, mine.text
 

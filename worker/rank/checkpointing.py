@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -12,12 +14,14 @@ import deepspeed
 import torch
 from deepspeed import comm as dist
 
-from shared.jobs.events import CheckpointEvent
+from shared.jobs.events import CheckpointEvent, UploadWaitEvent
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
 from shared.jobs.spec import TrainingSpec
 from worker.rank.reporting import EventWriter
 
 logger = logging.getLogger(__name__)
+
+PUBLISHED_POLL_SECONDS = 0.2
 
 
 def _now() -> str:
@@ -58,6 +62,23 @@ def save_checkpoint(
         )
         manifest.write(directory)
         events.emit(CheckpointEvent(step=step, kind="deepspeed", uri=str(directory), bytes=manifest.bytes, time=_now()))
+
+
+def wait_until_published(
+    *, layout: RunLayout, tag: str, step: int, waiting_for: int, events: EventWriter, stop: Callable[[], bool]
+) -> None:
+    """Before saving ``step``: wait (every rank) until the worker has committed checkpoint
+    ``tag`` to the artifact store, so at most one upload is ever in flight. A stop request
+    ends the wait (the save that follows is the last of the attempt)."""
+    marker = layout.published_marker(tag)
+    if marker.exists():
+        return
+    if dist.get_rank() == 0:
+        events.emit(UploadWaitEvent(step=step, waiting_for=waiting_for, time=_now()))
+    started = time.monotonic()
+    while not marker.exists() and not stop():
+        time.sleep(PUBLISHED_POLL_SECONDS)
+    logger.info("waited %.1fs for the upload of %s", time.monotonic() - started, tag)
 
 
 def _drop_frozen_aliases(directory: Path, module: Any) -> None:

@@ -157,6 +157,9 @@ class FineTuneRecipe:
         self.spec = spec
         self.layout = layout
         self.lora = spec.training.lora is not None
+        # (tag, step) of the last checkpoint this attempt saved: the next save waits until the
+        # worker has published it, so uploads never pile up.
+        self.unpublished: tuple[str, int] | None = None
 
     def setup(self) -> None:
         """Tokenizer, data, model and engine; then the step, schedule and data position to
@@ -366,6 +369,16 @@ class FineTuneRecipe:
         pending = 0
         if unreported is not None and unreported.micro_batches:  # the same count on every rank
             pending = unreported.summed(self.engine.device).real_tokens
+        if self.unpublished is not None:
+            tag, step = self.unpublished
+            checkpointing.wait_until_published(
+                layout=self.layout,
+                tag=tag,
+                step=self.step,
+                waiting_for=step,
+                events=self.events,
+                stop=lambda: self.stop.requested,
+            )
         position = {
             "step": self.step,
             "epoch": self.epoch,
@@ -381,6 +394,7 @@ class FineTuneRecipe:
             frozen=not self.lora,
         )
         self.last_saved_step = self.step
+        self.unpublished = (self.layout.checkpoint_tag(self.step), self.step)
 
     def export(self) -> None:
         """The trained model as Hugging Face loads it: the LoRA adapter (and, if asked, the

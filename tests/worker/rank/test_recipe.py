@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, training_event_adapter
+from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, UploadWaitEvent, training_event_adapter
 from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
@@ -48,6 +50,20 @@ TRAINING = TrainingOptions(
 )
 
 
+def publish_when_waited_for(layout: RunLayout, attempt: int, done: threading.Event) -> None:
+    """Stands in for the worker's publisher: marks a checkpoint published only once rank 0
+    has said it waits for it, so every save after the first provably waits for the one before."""
+    while not done.is_set():
+        events = layout.events(attempt)
+        for line in events.read_text().splitlines() if events.exists() else []:
+            event = training_event_adapter.validate_json(line)
+            if isinstance(event, UploadWaitEvent):
+                marker = layout.published_marker(layout.checkpoint_tag(event.waiting_for))
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+        time.sleep(0.05)
+
+
 def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
     """In the spawned child: become rank 0 of 1, then run each spec as worker.rank.train does."""
     os.environ.update(environment)
@@ -55,7 +71,12 @@ def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
 
     for text in specs:
         spec = TrainingSpec.model_validate_json(text)
-        run(spec, RunLayout(Path(spec.run_dir)))
+        layout, done = RunLayout(Path(spec.run_dir)), threading.Event()
+        publisher = threading.Thread(target=publish_when_waited_for, args=(layout, spec.attempt, done), daemon=True)
+        publisher.start()
+        run(spec, layout)
+        done.set()
+        publisher.join()
 
 
 def train(specs: list[TrainingSpec]) -> None:
@@ -129,6 +150,9 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
     assert metrics[-1].epoch == 2.0
     saved = [(e.kind, e.step) for e in events if isinstance(e, CheckpointEvent)]
     assert saved == [("deepspeed", 4), ("deepspeed", 8), ("deepspeed", 12), ("deepspeed", 16), ("model", 16)]
+    # One upload at a time: each save waited until the checkpoint before it was published.
+    waits = [(e.step, e.waiting_for) for e in events if isinstance(e, UploadWaitEvent)]
+    assert waits == [(8, 4), (12, 8), (16, 12)]
     manifest = CheckpointManifest.read(checkpoints / "step-00000016")
     assert manifest is not None and manifest.step == 16
     model_dir = RunLayout(Path(full.run_dir)).model_dir

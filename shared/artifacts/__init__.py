@@ -1,0 +1,1 @@
+"""Artifacts: the store they live in, and what SQL says is in it."""

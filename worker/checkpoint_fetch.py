@@ -1,0 +1,57 @@
+"""A verified local copy of a committed checkpoint, for ranks to load.
+
+The store is the truth and the worker's disk a cache: a checkpoint is copied from the store
+unless the local copy's files are already the published ones. Either way every file is
+checked against the SHA-256 recorded in SQL when the checkpoint was committed before any
+rank sees it: DeepSpeed loads checkpoint state with pickle, so a file changed in the store
+(or on a shared disk) must never reach a rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from pathlib import Path
+
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, job_key, sha256_of
+from shared.db.artifacts import checkpoint_files
+from shared.db.engine import session_scope
+from shared.db.models import ArtifactKind
+from shared.jobs.run_layout import RunLayout
+
+logger = logging.getLogger(__name__)
+
+
+def fetch_checkpoint(*, store: ArtifactStore, job_id: uuid.UUID, layout: RunLayout, step: int) -> Path:
+    """The directory of ``job_id``'s committed DeepSpeed checkpoint at ``step`` under
+    ``layout`` (that job's run directory on this host), every file checked. Raises
+    ArtifactIntegrityError when a file is not the one that was published."""
+    with session_scope() as session:
+        files = checkpoint_files(session=session, job_id=job_id, kind=ArtifactKind.deepspeed, step=step)
+    if not files:
+        raise ArtifactIntegrityError(f"job {job_id} has no published files for its checkpoint at step {step}")
+    fetched = 0
+    for artifact in files:
+        local = layout.root / artifact.path
+        if local.is_file() and local.stat().st_size == artifact.size and sha256_of(local) == artifact.sha256:
+            continue
+        store.get_file(job_key(job_id, artifact.path), local, sha256=artifact.sha256)
+        fetched += 1
+    directory = layout.checkpoints_dir / layout.checkpoint_tag(step)
+    if fetched:
+        logger.info("job %s: fetched %d of %d files of %s from %s", job_id, fetched, len(files), directory, store)
+    return directory
+
+
+def drop_local_checkpoints_after(layout: RunLayout, step: int) -> list[Path]:
+    """Remove local checkpoints past ``step``: saved by a lost attempt but never committed,
+    they are trained again (and would otherwise mix stale files into the new saves)."""
+    dropped = []
+    for directory in sorted(layout.checkpoints_dir.glob("step-*")):
+        tail = directory.name.removeprefix("step-")
+        if directory.is_dir() and tail.isdigit() and int(tail) > step:
+            shutil.rmtree(directory, ignore_errors=True)
+            layout.published_marker(directory.name).unlink(missing_ok=True)
+            dropped.append(directory)
+    return dropped
