@@ -233,4 +233,4 @@ def get_logs(
         return StreamingResponse(
             follow_log(job_id, path, min(tail, settings.max_log_tail)), media_type="text/plain; charset=utf-8"
         )
-    return LogsPublic(lines=jobs_service.read_log_tail(settings=settings, job_id=job_id, tail=tail))
+    return LogsPublic(lines=jobs_service.read_log_tail(session=session, settings=settings, job_id=job_id, tail=tail))

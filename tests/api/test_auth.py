@@ -25,8 +25,8 @@ from sqlmodel import Session, select
 
 from shared.db.api_keys import create_key, is_loopback
 from shared.db.engine import get_engine
-from shared.db.models import ApiKey, Job
-from shared.jobs.run_layout import RunLayout
+from shared.db.lifecycle import record_event
+from shared.db.models import ApiKey, EventType, Job
 from shared.ports import free_port
 from shared.settings import get_settings
 
@@ -100,9 +100,9 @@ def test_another_owners_job_is_not_found(
     extra: dict[str, Any],
 ) -> None:
     job_id = submit(app_client, alice, body)["id"]
-    layout = RunLayout.for_job(get_settings(), job_id)
-    layout.root.mkdir(parents=True)
-    layout.log.write_text("alice's secret log line\n")
+    with Session(get_engine()) as session:
+        record_event(session, job_id=uuid.UUID(job_id), type=EventType.log, data={"line": "alice's secret log line"})
+        session.commit()
     # alice's read is kept for GET /jobs/{id} (api.read_cache): bob still gets the 404.
     assert app_client.get(f"/jobs/{job_id}", headers=alice).status_code == 200
 
