@@ -16,7 +16,7 @@ from sqlmodel import Session, select
 
 from cli.samples import seed_config
 from shared.db.engine import get_engine
-from shared.db.lifecycle import record_event
+from shared.db.lifecycle import finish_job, record_event
 from shared.db.models import EventType, Job, JobStatus, Worker, utcnow
 from shared.jobs.run_layout import RunLayout
 
@@ -217,6 +217,21 @@ def test_logs_tail_is_the_newest_lines_of_the_job_in_order(
     assert tail(1000) == [f"line {i}" for i in range(246, 251)]  # at most TUNEQ_MAX_LOG_TAIL
 
 
+def test_logs_come_from_sql_not_from_the_run_directory(client: TestClient, body: dict[str, Any]) -> None:
+    """The API and the workers need not share a disk: the API never reads train.log."""
+    from shared.settings import get_settings
+
+    job_id = client.post("/jobs", json=body).json()["id"]
+    layout = RunLayout.for_job(get_settings(), job_id)
+    layout.root.mkdir(parents=True)
+    layout.log.write_text("only on the worker's disk\nnot ingested either\n")
+    record_log_lines(job_id, "recorded in SQL")
+    assert client.get(f"/jobs/{job_id}/logs").json() == {"lines": ["recorded in SQL"]}
+    client.post(f"/jobs/{job_id}/cancel")
+    with client.stream("GET", f"/jobs/{job_id}/logs", params={"follow": True}) as stream:
+        assert stream.read().decode() == "recorded in SQL\n"
+
+
 def test_health_and_readiness(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
@@ -317,16 +332,28 @@ def test_events_page_by_cursor_and_stream_ends_after_the_terminal_status(
 
 
 def test_logs_follow_streams_until_the_job_ends(client: TestClient, body: dict[str, Any]) -> None:
-    from shared.settings import get_settings
-
     job_id = client.post("/jobs", json=body).json()["id"]
-    layout = RunLayout.for_job(get_settings(), job_id)
-    layout.root.mkdir(parents=True)
-    layout.log.write_text("one\ntwo\nthree\n")
+    record_log_lines(job_id, "one", "two", "three")
     client.post(f"/jobs/{job_id}/cancel")
     with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 2, "follow": True}) as stream:
         assert stream.headers["content-type"].startswith("text/plain")
         assert stream.read().decode() == "two\nthree\n"
+
+
+def test_logs_follow_sends_new_lines_as_they_are_recorded(client: TestClient, body: dict[str, Any]) -> None:
+    job_id = client.post("/jobs", json=body).json()["id"]
+    record_log_lines(job_id, "one", "two")
+    write_job(job_id, status=JobStatus.running)
+    with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 1, "follow": True}) as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == "two"
+        record_log_lines(job_id, "three", "four")
+        assert [next(lines), next(lines)] == ["three", "four"]
+        record_log_lines(job_id, "five")
+        with Session(get_engine()) as session:  # the worker ends the job: its terminal status event
+            assert finish_job(session=session, job_id=uuid.UUID(job_id), status=JobStatus.succeeded)
+        record_log_lines(job_id, "after the end")
+        assert list(lines) == ["five"]  # every line before the terminal status, then the end
 
 
 def test_duplicate_json_keys_are_refused(client: TestClient, body: dict[str, Any]) -> None:
