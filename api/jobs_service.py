@@ -12,7 +12,7 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from shared.db.job_events import list_events
+from shared.db.job_events import last_log_events, list_events
 from shared.db.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
 from shared.db.models import (
     Checkpoint,
@@ -28,7 +28,6 @@ from shared.db.models import (
     Worker,
 )
 from shared.jobs.hardware import Hardware
-from shared.jobs.run_layout import RunLayout, tail_lines
 from shared.jobs.spec import JobCreate, TrainingOptions
 from shared.jobs.validation import JobValidationError, Problem, validate_job_request
 from shared.queue import enqueue_job
@@ -293,5 +292,7 @@ def list_checkpoints(*, session: Session, job_id: uuid.UUID) -> list[Checkpoint]
     return list(session.exec(query).all())
 
 
-def read_log_tail(*, settings: Settings, job_id: uuid.UUID, tail: int) -> list[str]:
-    return tail_lines(RunLayout.for_job(settings, job_id).log, min(tail, settings.max_log_tail))
+def read_log_tail(*, session: Session, settings: Settings, job_id: uuid.UUID, tail: int) -> list[str]:
+    """The job's last ``tail`` log lines (at most ``max_log_tail``), as the worker recorded them in SQL."""
+    events = last_log_events(session=session, job_id=job_id, limit=min(tail, settings.max_log_tail))
+    return [e.data["line"] for e in events]

@@ -1,9 +1,10 @@
-"""Live streams: job events as Server-Sent Events, and training logs as they are written.
+"""Live streams: job events as Server-Sent Events, and training logs as the worker records them.
 
 SQL rows are the source of truth; a stream reads rows after its cursor, then waits for a
 wake-up (Redis pub/sub when the broker is Redis) or a short poll, and ends once the job's
-terminal status has been sent. The streams of one job in one process share that wait and the
-read after it (``_JobFeed``).
+terminal status has been sent. The streams of one job in one process, event streams and log
+follows alike, share that wait and the read after it (``_JobFeed``): a log follow is the job's
+events with only the ``log`` ones' lines sent.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import bisect
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, NamedTuple
 
 from anyio import to_thread
@@ -23,9 +23,8 @@ from sqlmodel import Session, col, select
 from sse_starlette import ServerSentEvent
 
 from shared.db.engine import get_engine
-from shared.db.job_events import channel, list_events, redis_url
+from shared.db.job_events import channel, last_log_events, list_events, redis_url
 from shared.db.models import EventPublic, EventType, Job, JobEvent, JobStatus
-from shared.jobs.run_layout import tail_lines
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +33,6 @@ SAFETY_POLL_SECONDS = 5.0  # with Redis, a missed wake-up costs at most this
 HEARTBEAT_SECONDS = 15
 BATCH = 500
 FEED_KEEP = 2000  # events a job's feed keeps for streams a little behind its head
-
-
-def _status(job_id: uuid.UUID) -> JobStatus:
-    with Session(get_engine()) as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job.status
 
 
 def _read(job_id: uuid.UUID, after: int) -> tuple[list[EventPublic], JobStatus]:
@@ -89,21 +81,40 @@ class _Waker:
 
 
 class _Sent(NamedTuple):
+    """One event as the streams send it, prepared once however many streams send it."""
+
     id: int
-    message: bytes  # the SSE message as sent: encoded once, however many streams send it
+    message: bytes  # the SSE message, encoded
     ends_stream: bool  # the job's terminal status
+    log_line: str | None  # a ``log`` event's line, what a log follow sends of it; None for other events
 
 
 def _message(event: EventPublic) -> _Sent:
     ends = event.type == EventType.status and JobStatus(event.data["status"]).is_terminal
     encoded = ServerSentEvent(id=str(event.id), event=event.type.value, data=event.model_dump_json()).encode()
-    return _Sent(event.id, encoded, ends)
+    log_line = event.data["line"] if event.type == EventType.log else None
+    return _Sent(event.id, encoded, ends, log_line)
+
+
+def _newest_event_id(session: Session, job_id: uuid.UUID) -> int:
+    newest = session.exec(select(func.max(JobEvent.id)).where(col(JobEvent.job_id) == job_id)).one()
+    return newest or 0
 
 
 def _last_id(job_id: uuid.UUID) -> int:
     with Session(get_engine()) as session:
-        last = session.exec(select(func.max(JobEvent.id)).where(col(JobEvent.job_id) == job_id)).one()
-        return last or 0
+        return _newest_event_id(session, job_id)
+
+
+def _read_log_tail(job_id: uuid.UUID, tail: int) -> tuple[list[str], int]:
+    """The job's last ``tail`` log lines, and the event cursor its newer lines come after."""
+    with Session(get_engine()) as session:
+        # The newest id is read before the tail: a line recorded in between is in the tail and
+        # at the cursor, one recorded later is after the cursor, so none is lost or sent twice.
+        newest = _newest_event_id(session, job_id)
+        events = last_log_events(session=session, job_id=job_id, limit=tail)
+        cursor = max(newest, events[-1].id or 0) if events else newest
+        return [e.data["line"] for e in events], cursor
 
 
 class _JobFeed:
@@ -191,8 +202,9 @@ def _subscribe(job_id: uuid.UUID) -> Iterator[_JobFeed]:
                 del _feeds[key]
 
 
-async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[bytes]:
-    """SSE messages, already encoded: what one read brought goes out in one write."""
+async def _job_events(job_id: uuid.UUID, after: int) -> AsyncGenerator[list[_Sent], None]:
+    """The job's events after ``after``, what each read brought in one list, up to and with its
+    terminal status."""
     cursor = after
     with _subscribe(job_id) as feed:
         while True:
@@ -211,7 +223,7 @@ async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[bytes]:
                 sent = sent[: last + 1]
             if sent:
                 cursor = sent[-1].id
-                yield b"".join(m.message for m in sent)
+                yield sent
             if last is not None:
                 return
             if not sent and status.is_terminal:
@@ -220,26 +232,20 @@ async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[bytes]:
                 await changed.wait()
 
 
-async def follow_log(job_id: uuid.UUID, path: Path, tail: int) -> AsyncIterator[str]:
-    """The last ``tail`` lines, then every new line until the job has ended."""
-    for line in tail_lines(path, tail):
-        yield line + "\n"
-    offset = path.stat().st_size if path.exists() else 0
-    partial = b""
-    while True:
-        chunk = b""
-        if path.exists():
-            with path.open("rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-        lines = (partial + chunk).split(b"\n")
-        partial = lines.pop()
-        for raw in lines:
-            yield raw.decode("utf-8", errors="replace") + "\n"
-        if not chunk:
-            if (await to_thread.run_sync(_status, job_id)).is_terminal:
-                if partial:
-                    yield partial.decode("utf-8", errors="replace") + "\n"
-                return
-            await asyncio.sleep(POLL_SECONDS)
+async def event_stream(job_id: uuid.UUID, after: int) -> AsyncIterator[bytes]:
+    """SSE messages, already encoded: what one read brought goes out in one write."""
+    async with contextlib.aclosing(_job_events(job_id, after)) as batches:
+        async for sent in batches:
+            yield b"".join(m.message for m in sent)
+
+
+async def follow_log(job_id: uuid.UUID, tail: int) -> AsyncIterator[str]:
+    """The job's last ``tail`` log lines, then each line the worker records, until the job's
+    terminal status (every line recorded before it is sent). Lines a read brought go out in one write."""
+    lines, cursor = await to_thread.run_sync(_read_log_tail, job_id, tail)
+    if lines:
+        yield "".join(f"{line}\n" for line in lines)
+    async with contextlib.aclosing(_job_events(job_id, cursor)) as batches:
+        async for sent in batches:
+            if text := "".join(f"{m.log_line}\n" for m in sent if m.log_line is not None):
+                yield text

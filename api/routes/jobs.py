@@ -35,7 +35,6 @@ from shared.db.models import (
     MetricsPublic,
 )
 from shared.jobs.plan import JobPlan
-from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import JobCreate
 from shared.jobs.validation import JobValidationError
 from shared.settings import get_settings
@@ -267,10 +266,11 @@ def get_logs(
     tail: int = Query(default=200, ge=1),
     follow: bool = Query(default=False, description="Stream new lines as text/plain until the job ends"),
 ) -> LogsPublic | StreamingResponse:
+    """The job's last ``tail`` log lines, read from the ``log`` events the worker records; with
+    ``follow``, those lines and then each new one as text/plain until the job has ended."""
     _job_or_404(session, job_id, owner)
     if follow:
-        path = RunLayout.for_job(settings, job_id).log
         return StreamingResponse(
-            follow_log(job_id, path, min(tail, settings.max_log_tail)), media_type="text/plain; charset=utf-8"
+            follow_log(job_id, min(tail, settings.max_log_tail)), media_type="text/plain; charset=utf-8"
         )
-    return LogsPublic(lines=jobs_service.read_log_tail(settings=settings, job_id=job_id, tail=tail))
+    return LogsPublic(lines=jobs_service.read_log_tail(session=session, settings=settings, job_id=job_id, tail=tail))

@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Session, col, select
 
-from shared.db.models import JobEvent
+from shared.db.models import EventType, JobEvent
 from shared.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,21 @@ def list_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) 
         .limit(limit)
     )
     return list(session.exec(query).all())
+
+
+def last_log_events(*, session: Session, job_id: uuid.UUID, limit: int) -> list[JobEvent]:
+    """The job's newest ``limit`` log lines (``log`` events), oldest first.
+
+    One query that reads the job's events from its newest down (``ORDER BY id DESC LIMIT``, along
+    the ``(job_id, id)`` index) and stops at the ``limit``-th line, instead of reading the job's
+    whole log."""
+    query = (
+        select(JobEvent)
+        .where(col(JobEvent.job_id) == job_id, col(JobEvent.type) == EventType.log)
+        .order_by(col(JobEvent.id).desc())
+        .limit(limit)
+    )
+    return list(reversed(session.exec(query).all()))
 
 
 def redis_url() -> str | None:

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
-from sqlalchemy import JSON, BigInteger, Column, DateTime, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -129,9 +129,12 @@ class JobEvent(SQLModel, table=True):
     """Everything that happened to a job, in order. ``id`` is the stream cursor."""
 
     __tablename__ = "job_events"
+    # (job_id, id): a job's events in cursor order, and its newest ones (a log tail), are one
+    # index range however many events later jobs added.
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id")
     type: EventType
     data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))

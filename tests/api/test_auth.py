@@ -27,7 +27,8 @@ from shared.artifacts.store import ArtifactStore, job_key
 from shared.db.api_keys import create_key, is_loopback
 from shared.db.artifacts import publish_files
 from shared.db.engine import get_engine
-from shared.db.models import ApiKey, ArtifactKind, Job
+from shared.db.lifecycle import record_event
+from shared.db.models import ApiKey, ArtifactKind, EventType, Job
 from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import get_settings
@@ -119,7 +120,8 @@ def test_another_owners_job_is_not_found(
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
     layout.log.write_text("alice's secret log line\n")
-    with Session(get_engine()) as session:  # as the worker publishes it at the job's end
+    with Session(get_engine()) as session:  # as the worker ingests the line, and publishes the log at the end
+        record_event(session, job_id=uuid.UUID(job_id), type=EventType.log, data={"line": "alice's secret log line"})
         stored = ArtifactStore.from_settings(get_settings()).put_file(layout.log, job_key(job_id, "train.log"))
         publish_files(
             session, job_id=uuid.UUID(job_id), files=[("train.log", stored)], kind=ArtifactKind.log, step=None

@@ -16,7 +16,8 @@ from sqlmodel import Session, select
 
 from cli.samples import seed_config
 from shared.db.engine import get_engine
-from shared.db.models import Job, JobStatus, Worker, utcnow
+from shared.db.lifecycle import finish_job, record_event
+from shared.db.models import EventType, Job, JobStatus, Worker, utcnow
 from shared.jobs.run_layout import RunLayout
 
 
@@ -36,6 +37,14 @@ def write_job(job_id: str, **values: Any) -> None:
         for name, value in values.items():
             setattr(job, name, value)
         session.add(job)
+        session.commit()
+
+
+def record_log_lines(job_id: str, *lines: str) -> None:
+    """Training log lines as the worker's ingestor records them: ``log`` events in SQL."""
+    with Session(get_engine()) as session:
+        for line in lines:
+            record_event(session, job_id=uuid.UUID(job_id), type=EventType.log, data={"line": line})
         session.commit()
 
 
@@ -174,19 +183,53 @@ def test_metrics_come_a_page_at_a_time_or_downsampled_for_a_chart(client: TestCl
     assert [m["step"] for m in api.metrics(job_id, points=100)] == list(range(25, 2501, 25))
 
 
-def test_metrics_checkpoints_and_logs_of_a_new_job(client: TestClient, body: dict[str, Any], tuneq_home: Path) -> None:
-    from shared.settings import get_settings
-
+def test_metrics_checkpoints_and_logs_of_a_new_job(client: TestClient, body: dict[str, Any]) -> None:
     job_id = client.post("/jobs", json=body).json()["id"]
     metrics = client.get(f"/jobs/{job_id}/metrics").json()
     assert metrics["data"] == [] and not metrics["has_more"] and metrics["next_after"] is None
     assert metrics["event_cursor"] > 0  # the job's "queued" status event
     assert client.get(f"/jobs/{job_id}/checkpoints").json() == {"data": []}
     assert client.get(f"/jobs/{job_id}/logs").json() == {"lines": []}
+    record_log_lines(job_id, *(f"line {i}" for i in range(10)))
+    assert client.get(f"/jobs/{job_id}/logs", params={"tail": 2}).json() == {"lines": ["line 8", "line 9"]}
+
+
+def test_logs_tail_is_the_newest_lines_of_the_job_in_order(
+    client: TestClient, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import get_settings
+
+    job_id, other_job_id = (client.post("/jobs", json={**body, "name": name}).json()["id"] for name in ("a", "b"))
+    record_log_lines(job_id, *(f"line {i}" for i in range(250)))
+    record_log_lines(other_job_id, "another job's line")
+    write_job(job_id, status=JobStatus.running)
+    record_log_lines(job_id, "line 250")  # after other events of the job, and another job's line
+    lines = client.get(f"/jobs/{job_id}/logs").json()["lines"]
+    assert lines == [f"line {i}" for i in range(51, 251)]  # the default tail, 200, of 251 lines
+
+    def tail(n: int) -> list[str]:
+        return list(client.get(f"/jobs/{job_id}/logs", params={"tail": n}).json()["lines"])
+
+    assert tail(3) == ["line 248", "line 249", "line 250"]
+    assert len(tail(1000)) == 251
+    monkeypatch.setenv("TUNEQ_MAX_LOG_TAIL", "5")
+    get_settings.cache_clear()
+    assert tail(1000) == [f"line {i}" for i in range(246, 251)]  # at most TUNEQ_MAX_LOG_TAIL
+
+
+def test_logs_come_from_sql_not_from_the_run_directory(client: TestClient, body: dict[str, Any]) -> None:
+    """The API and the workers need not share a disk: the API never reads train.log."""
+    from shared.settings import get_settings
+
+    job_id = client.post("/jobs", json=body).json()["id"]
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
-    layout.log.write_text("".join(f"line {i}\n" for i in range(10)))
-    assert client.get(f"/jobs/{job_id}/logs", params={"tail": 2}).json() == {"lines": ["line 8", "line 9"]}
+    layout.log.write_text("only on the worker's disk\nnot ingested either\n")
+    record_log_lines(job_id, "recorded in SQL")
+    assert client.get(f"/jobs/{job_id}/logs").json() == {"lines": ["recorded in SQL"]}
+    client.post(f"/jobs/{job_id}/cancel")
+    with client.stream("GET", f"/jobs/{job_id}/logs", params={"follow": True}) as stream:
+        assert stream.read().decode() == "recorded in SQL\n"
 
 
 def test_health_and_readiness(client: TestClient) -> None:
@@ -289,16 +332,28 @@ def test_events_page_by_cursor_and_stream_ends_after_the_terminal_status(
 
 
 def test_logs_follow_streams_until_the_job_ends(client: TestClient, body: dict[str, Any]) -> None:
-    from shared.settings import get_settings
-
     job_id = client.post("/jobs", json=body).json()["id"]
-    layout = RunLayout.for_job(get_settings(), job_id)
-    layout.root.mkdir(parents=True)
-    layout.log.write_text("one\ntwo\nthree\n")
+    record_log_lines(job_id, "one", "two", "three")
     client.post(f"/jobs/{job_id}/cancel")
     with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 2, "follow": True}) as stream:
         assert stream.headers["content-type"].startswith("text/plain")
         assert stream.read().decode() == "two\nthree\n"
+
+
+def test_logs_follow_sends_new_lines_as_they_are_recorded(client: TestClient, body: dict[str, Any]) -> None:
+    job_id = client.post("/jobs", json=body).json()["id"]
+    record_log_lines(job_id, "one", "two")
+    write_job(job_id, status=JobStatus.running)
+    with client.stream("GET", f"/jobs/{job_id}/logs", params={"tail": 1, "follow": True}) as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == "two"
+        record_log_lines(job_id, "three", "four")
+        assert [next(lines), next(lines)] == ["three", "four"]
+        record_log_lines(job_id, "five")
+        with Session(get_engine()) as session:  # the worker ends the job: its terminal status event
+            assert finish_job(session=session, job_id=uuid.UUID(job_id), status=JobStatus.succeeded)
+        record_log_lines(job_id, "after the end")
+        assert list(lines) == ["five"]  # every line before the terminal status, then the end
 
 
 def test_duplicate_json_keys_are_refused(client: TestClient, body: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The job event feed behind the SSE streams: one read per wake-up for every stream of a job."""
+"""The job event feed behind the SSE streams and log follows: one read per wake-up for every stream of a job."""
 
 from __future__ import annotations
 
@@ -193,6 +193,41 @@ def test_streams_end_after_the_terminal_status(database_url: str, monkeypatch: p
         add_events(job.id, {"status": JobStatus.succeeded.value}, type=EventType.status)
         harness.wake()
         assert await asyncio.wait_for(asyncio.gather(*drained), timeout=30) == [["metric", "status"]] * 2
+        assert not streams._feeds
+
+    run(harness, main)
+
+
+def test_a_log_follow_shares_the_jobs_feed_and_sends_its_log_lines(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = new_job()
+    add_events(job.id, {"line": "first"}, {"line": "second"}, type=EventType.log)
+    add_events(job.id, {"step": 1})
+    harness = Harness(monkeypatch)
+
+    async def main() -> None:
+        events = follow(job.id)
+        logs = streams.follow_log(job.id, 1)
+        assert await asyncio.wait_for(anext(logs), timeout=30) == "second\n"  # the tail, from SQL
+        assert len(await events.take(3)) == 3
+        next_lines = asyncio.ensure_future(anext(logs))
+        next_events = asyncio.ensure_future(events.take(3))
+        await settle(lambda: len(harness.reads) >= 2)  # until both streams wait on the feed
+        await settle()
+        before = len(harness.reads)
+        add_events(job.id, {"line": "a"}, type=EventType.log)
+        add_events(job.id, {"step": 2})
+        add_events(job.id, {"line": "b"}, type=EventType.log)
+        harness.wake()
+        assert await asyncio.wait_for(next_lines, timeout=30) == "a\nb\n"  # what one read brought, in one write
+        assert len(await next_events) == 3
+        assert len(harness.reads) - before == 1  # one read of the table for both streams
+        add_events(job.id, {"status": JobStatus.failed.value}, type=EventType.status)
+        add_events(job.id, {"line": "after the end"}, type=EventType.log)
+        harness.wake()
+        assert [line async for line in logs] == []  # ends with the job, without the line after it
+        assert await asyncio.wait_for(events.drain(), timeout=30) == ["status"]
         assert not streams._feeds
 
     run(harness, main)

@@ -1,5 +1,6 @@
 """artifacts: the files of each job published to the artifact store, with their SHA-256; job
-events of type ``artifact``.
+events of type ``artifact``; job_events indexed on (job_id, id), so a job's newest events (a
+log tail) are read without walking the events of every later job.
 
 Revision ID: 0009
 Revises: 0008
@@ -39,11 +40,15 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", "path"),
     )
     op.create_index("ix_artifacts_job_id", "artifacts", ["job_id"])
+    op.create_index("ix_job_events_job_id_id", "job_events", ["job_id", "id"])
+    op.drop_index("ix_job_events_job_id", table_name="job_events")
     if op.get_bind().dialect.name == "postgresql":
         op.execute("ALTER TYPE eventtype ADD VALUE IF NOT EXISTS 'artifact'")
 
 
 def downgrade() -> None:
+    op.create_index("ix_job_events_job_id", "job_events", ["job_id"])
+    op.drop_index("ix_job_events_job_id_id", table_name="job_events")
     op.drop_index("ix_artifacts_job_id", table_name="artifacts")
     op.drop_table("artifacts")
     op.execute("DELETE FROM job_events WHERE type = 'artifact'")
