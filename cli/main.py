@@ -66,6 +66,18 @@ def _prepare_database() -> None:
         raise typer.Exit(1) from None
 
 
+def _check_artifact_store() -> None:
+    """Refuse to start (exit 1, one line naming TUNEQ_ARTIFACTS_URI and the problem) when the
+    artifact store cannot be written: a missing bucket, refused credentials, no endpoint."""
+    from shared.artifacts.store import ArtifactStore, ArtifactStoreError
+
+    try:
+        ArtifactStore.from_settings(get_settings()).check()
+    except ArtifactStoreError as e:
+        typer.echo(f"tuneq: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
 def _resolve_auth(host: str) -> None:
     """Settle TUNEQ_AUTH for an API on ``host``: "auto" is off on loopback, on elsewhere; "off"
     anywhere but loopback refuses to start (exit 1, one line). The app reads the result."""
@@ -96,6 +108,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     _configure_logging()
     _resolve_auth(host)
     _prepare_database()
+    _check_artifact_store()
     # On SIGTERM uvicorn waits for open requests; a plan in flight (minutes) or a client that
     # keeps a stream open must not hold the server past its stop grace.
     uvicorn.run(
@@ -115,6 +128,7 @@ def worker() -> None:
 
     _configure_logging()
     _prepare_database()
+    _check_artifact_store()
     queue = tasks.prepare_worker()
     tasks.celery_app.worker_main(
         [
@@ -171,6 +185,7 @@ def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     _configure_logging()
     _resolve_auth(host)  # refuse here, before starting anything; `serve` settles it again
     _prepare_database()  # once, before the two processes start (they would take turns anyway)
+    _check_artifact_store()
     me = [sys.executable, "-P", "-m", "cli.main"]  # -P: see main()
     children = [
         subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,3 +124,26 @@ def test_a_store_that_cannot_be_used_is_named_with_the_problem(s3: LoopbackS3, t
     read_only.mkdir(mode=0o500)
     if os.geteuid() != 0:  # root writes anywhere
         assert "not writable" in problem(str(read_only))
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_serve_and_worker_refuse_a_store_they_cannot_use(command: str, s3: LoopbackS3, tmp_path: Path) -> None:
+    """One line naming the setting and the problem, exit 1, no traceback, nothing started."""
+    env = {
+        **os.environ,
+        **S3_CREDENTIALS,
+        "TUNEQ_HOME": str(tmp_path / "home"),
+        "TUNEQ_ARTIFACTS_URI": "s3://no-such-bucket/runs",
+        "TUNEQ_S3_ENDPOINT_URL": s3.endpoint,
+        "TUNEQ_LOG_LEVEL": "WARNING",
+    }
+    args = ["--port", str(free_port())] if command == "serve" else []
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", command, *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"tuneq: TUNEQ_ARTIFACTS_URI s3://no-such-bucket/runs (endpoint {s3.endpoint}): "
+        "bucket 'no-such-bucket' does not exist"
+    )
+    assert "Traceback" not in result.stderr
