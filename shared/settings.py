@@ -95,8 +95,9 @@ class Settings(BaseSettings):
     # cannot reach the store).
     artifacts_presign: bool = False
     artifacts_presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
-    # How long a finished job's worker keeps retrying uploads to an unreachable store before
-    # the job fails with artifact_store_unavailable (its local files stay, for a retry).
+    # The longest store outage a worker rides out, retrying uploads (mid-run the ranks go on up
+    # to their next save); past it the job fails with artifact_store_unavailable, its local
+    # files kept on the worker.
     artifact_upload_deadline_seconds: float = Field(default=600.0, ge=0)
 
     @field_validator("log_level", mode="before")

@@ -9,8 +9,9 @@ by the ranks themselves: before saving the next checkpoint they wait for the pre
 and a slow store slows training down instead.
 
 A store that fails is retried with backoff (the job's events say so, once per outage) while
-the ranks go on; at the job's end the worker gives the uploads a deadline
-(``TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS``) before failing the job with
+the ranks go on, up to their next save. An outage longer than
+``TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS``, mid-run or after the ranks ended, makes the
+publisher give up: the worker stops the ranks and fails the job with
 ``artifact_store_unavailable``. The local files stay, so a retry can finish the upload.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from shared.artifacts.store import ArtifactStore, StoredFile, job_key
-from shared.db.artifacts import commit_checkpoint, publish_files
+from shared.db.artifacts import checkpoints_past_retention, commit_checkpoint, forget_checkpoint, publish_files
 from shared.db.engine import session_scope
 from shared.db.lifecycle import record_event
 from shared.db.models import ArtifactKind, CheckpointKind, EventType
@@ -49,13 +51,24 @@ class PublishingStopped(Exception):
 class ArtifactPublisher:
     """One attempt's uploads, in order, on one thread."""
 
-    def __init__(self, *, job_id: uuid.UUID, layout: RunLayout, store: ArtifactStore) -> None:
+    def __init__(
+        self,
+        *,
+        job_id: uuid.UUID,
+        layout: RunLayout,
+        store: ArtifactStore,
+        deadline_seconds: float,
+        keep_checkpoints: int | None,
+    ) -> None:
         self.job_id, self.layout, self.store = job_id, layout, store
+        self.deadline_seconds = deadline_seconds  # the longest outage retried
+        self.keep_checkpoints = keep_checkpoints  # training.keep_checkpoints; None keeps all
         # Checkpoints, then "log" (the training log, at the end), then None (no more).
         self._queue: queue.Queue[CheckpointEvent | Literal["log"] | None] = queue.Queue()
-        self._stop_at: float | None = None  # monotonic deadline for retries, once the attempt ended
+        self._stop_at: float | None = None  # set when the attempt is abandoned: retry no more
         self._failing_since: float | None = None
         self.problem: str | None = None  # the store's error while it is failing
+        self.gave_up = False  # an outage outlasted the deadline: nothing more is published
         self._thread = threading.Thread(target=self._run, name=f"publish-{job_id}", daemon=True)
         self._thread.start()
 
@@ -65,16 +78,14 @@ class ArtifactPublisher:
         """Publish a checkpoint or export the ranks have completed (its manifest is written)."""
         self._queue.put(event)
 
-    def finish(self, *, deadline_seconds: float, log: Path | None) -> str | None:
-        """Publish the training log after what is queued and wait for all of it, retrying a
-        failing store for at most ``deadline_seconds``. None when everything is published,
-        else what the store answered."""
+    def finish(self, *, log: Path | None) -> str | None:
+        """Publish the training log after what is queued and wait for all of it. None when
+        everything is published, else what the store answered before the publisher gave up."""
         if log is not None and log.is_file():
             self._queue.put("log")
         self._queue.put(None)
-        self._stop_at = time.monotonic() + deadline_seconds
         self._thread.join()
-        return self.problem
+        return self.problem if self.gave_up else None
 
     def abandon(self) -> None:
         """The attempt is over without an outcome of this worker's (lost lease, worker
@@ -92,6 +103,7 @@ class ArtifactPublisher:
                 else:
                     self._publish_checkpoint(item)
             except PublishingStopped:
+                self.gave_up = True
                 logger.warning("job %s: gave up publishing to %s: %s", self.job_id, self.store, self.problem)
                 return
             except Exception:
@@ -126,11 +138,46 @@ class ArtifactPublisher:
                 session.commit()
 
         self._retrying(commit)
-        if kind == CheckpointKind.deepspeed:
-            marker = self.layout.published_marker(manifest.tag)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
         logger.info("job %s: published %s (%d files) to %s", self.job_id, path_in_job, len(stored), uri)
+        if kind != CheckpointKind.deepspeed:
+            return
+        marker = self.layout.published_marker(manifest.tag)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        if self.keep_checkpoints is not None:
+            self._apply_retention(self.keep_checkpoints)
+        if self.store.local_path(job_key(self.job_id, path_in_job)) != directory.resolve():
+            self._prune_local_copies(before=event.step)
+
+    def _apply_retention(self, keep: int) -> None:
+        """Un-commit the checkpoints ``training.keep_checkpoints`` lets go, then delete their
+        files from the store and this host (a crash between leaves files nobody lists)."""
+        reason = f"training.keep_checkpoints is {keep}: a newer checkpoint replaces it"
+
+        def forget() -> list[tuple[int, list[str]]]:
+            with session_scope() as session:
+                expired = checkpoints_past_retention(session=session, job_id=self.job_id, keep=keep)
+                forgotten = [
+                    (c.step, [a.path for a in forget_checkpoint(session, checkpoint=c, reason=reason)]) for c in expired
+                ]
+                session.commit()
+                return forgotten
+
+        for step, paths in self._retrying(forget):
+            keys = [job_key(self.job_id, p) for p in paths]
+            self._retrying(lambda: self.store.delete(keys))  # noqa: B023 (called at once)
+            tag = self.layout.checkpoint_tag(step)
+            shutil.rmtree(self.layout.checkpoints_dir / tag, ignore_errors=True)
+            self.layout.published_marker(tag).unlink(missing_ok=True)
+            logger.info("job %s: deleted the checkpoint of step %d (%s)", self.job_id, step, reason)
+
+    def _prune_local_copies(self, *, before: int) -> None:
+        """The worker's disk is a cache of a remote store: once a checkpoint is published, the
+        older local ones go (a resume takes the newest, from the store if need be)."""
+        for directory in self.layout.checkpoints_dir.glob("step-*"):
+            step = directory.name.removeprefix("step-")
+            if step.isdigit() and int(step) < before and self.layout.published_marker(directory.name).exists():
+                shutil.rmtree(directory, ignore_errors=True)
 
     def _publish_log(self) -> None:
         name = self.layout.log.name
@@ -159,7 +206,9 @@ class ArtifactPublisher:
                     self._failing_since = time.monotonic()
                     logger.warning("job %s: the artifact store %s failed (%s); retrying", self.job_id, self.store, e)
                     self._event("retrying", f"the artifact store {self.store} failed ({e}); uploads are retried")
-                if self._stop_at is not None and time.monotonic() + delay > self._stop_at:
+                now = time.monotonic()
+                abandoned = self._stop_at is not None and now + delay > self._stop_at
+                if abandoned or now + delay - self._failing_since > self.deadline_seconds:
                     raise PublishingStopped from e
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_SECONDS)

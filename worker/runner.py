@@ -453,7 +453,13 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         attempt.spec.num_gpus,
         launcher.hardware.accelerator,
     )
-    publisher = ArtifactPublisher(job_id=job_id, layout=layout, store=ArtifactStore.from_settings(settings))
+    publisher = ArtifactPublisher(
+        job_id=job_id,
+        layout=layout,
+        store=ArtifactStore.from_settings(settings),
+        deadline_seconds=settings.artifact_upload_deadline_seconds,
+        keep_checkpoints=attempt.spec.training.keep_checkpoints,
+    )
     ingestor = EventIngestor(
         events_path=layout.events(attempt.number),
         log_path=layout.log,
@@ -493,6 +499,10 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
                 logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
                 process.stop(grace_seconds=settings.cancel_grace_seconds)
+                break
+            if publisher.gave_up:  # the ranks would wait for it at their next save forever
+                ending = _store_unavailable(attempt, publisher, settings)
+                process.stop(grace_seconds=STOP_GRACE_SECONDS)
                 break
             limit = attempt.max_duration_seconds
             if limit is not None and time.monotonic() - started > limit:
@@ -563,15 +573,8 @@ def _record_outcome(
                 continue
             publisher.abandon()
             return  # the lease ran out: the reconciler requeues the job
-    problem = publisher.finish(deadline_seconds=settings.artifact_upload_deadline_seconds, log=attempt.layout.log)
-    if problem is not None and ending.status == JobStatus.succeeded:
-        message = (
-            f"the job trained, but the artifact store {publisher.store} stayed unreachable for "
-            f"{settings.artifact_upload_deadline_seconds:.0f}s after it ended ({problem}); its files are kept on "
-            f"worker {attempt.worker_id} in {attempt.layout.root}"
-        )
-        ending = Ending(JobStatus.failed, ErrorCode.artifact_store_unavailable, message)
-        logger.error("job %s: %s", attempt.job_id, message)
+    if publisher.finish(log=attempt.layout.log) is not None and ending.status == JobStatus.succeeded:
+        ending = _store_unavailable(attempt, publisher, settings)
     while True:
         try:
             if ending.status == JobStatus.queued:
@@ -594,6 +597,16 @@ def _record_outcome(
         if ending.status == JobStatus.succeeded:
             logger.info("job %s succeeded", attempt.job_id)
         return
+
+
+def _store_unavailable(attempt: Attempt, publisher: ArtifactPublisher, settings: Settings) -> Ending:
+    message = (
+        f"the artifact store {publisher.store} stayed unreachable for more than "
+        f"{settings.artifact_upload_deadline_seconds:.0f}s (TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS): "
+        f"{publisher.problem}; the job's files are kept on worker {attempt.worker_id} in {attempt.layout.root}"
+    )
+    logger.error("job %s: %s", attempt.job_id, message)
+    return Ending(JobStatus.failed, ErrorCode.artifact_store_unavailable, message)
 
 
 def _release(job_id: uuid.UUID, number: int, *, reason: str, code: ErrorCode = ErrorCode.worker_lost) -> None:

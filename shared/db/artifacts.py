@@ -16,7 +16,7 @@ from sqlmodel import Session, col, delete, select
 
 from shared.artifacts.store import StoredFile
 from shared.db.lifecycle import record_event
-from shared.db.models import Artifact, ArtifactKind, Checkpoint, CheckpointKind, EventType
+from shared.db.models import Artifact, ArtifactKind, Checkpoint, CheckpointKind, EventType, JobMetric
 
 
 def publish_files(
@@ -89,3 +89,44 @@ def newest_checkpoint(*, session: Session, job_id: uuid.UUID) -> Checkpoint | No
         .order_by(col(Checkpoint.step).desc())
     )
     return session.exec(query).first()
+
+
+def checkpoints_past_retention(*, session: Session, job_id: uuid.UUID, keep: int) -> list[Checkpoint]:
+    """The committed DeepSpeed checkpoints that ``training.keep_checkpoints = keep`` lets go:
+    all but the newest ``keep`` and the one with the best eval_loss measured at its step."""
+    checkpoints = list(
+        session.exec(
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id, Checkpoint.kind == CheckpointKind.deepspeed)
+            .order_by(col(Checkpoint.step).desc())
+        ).all()
+    )
+    kept = {c.step for c in checkpoints[:keep]}
+    evaluated = session.exec(
+        select(JobMetric.step, JobMetric.eval_loss).where(
+            col(JobMetric.job_id) == job_id,
+            col(JobMetric.step).in_([c.step for c in checkpoints]),
+            col(JobMetric.eval_loss).is_not(None),
+        )
+    ).all()
+    if evaluated:
+        kept.add(min(evaluated, key=lambda row: (row[1], -row[0]))[0])
+    return [c for c in checkpoints if c.step not in kept]
+
+
+def forget_checkpoint(session: Session, *, checkpoint: Checkpoint, reason: str) -> list[Artifact]:
+    """Un-commit a checkpoint (its rows go, an ``artifact`` event says why); its files, to be
+    deleted from the store next. Nothing lists or resumes from it once this commits."""
+    files = checkpoint_files(
+        session=session, job_id=checkpoint.job_id, kind=ArtifactKind(checkpoint.kind.value), step=checkpoint.step
+    )
+    for artifact in files:
+        session.delete(artifact)
+    session.delete(checkpoint)
+    record_event(
+        session,
+        job_id=checkpoint.job_id,
+        type=EventType.artifact,
+        data={"state": "deleted", "step": checkpoint.step, "kind": checkpoint.kind.value, "message": reason},
+    )
+    return files

@@ -56,6 +56,12 @@ class TrainingOptions(BaseModel):
     checkpoint_every_steps: int | None = Field(
         default=None, gt=0, description="Save a DeepSpeed checkpoint every N steps (and always at the end)."
     )
+    keep_checkpoints: int | None = Field(
+        default=3,
+        ge=1,
+        description="Keep the newest N DeepSpeed checkpoints, plus the one with the best eval_loss at its step; "
+        "older ones are deleted from the artifact store. null keeps all. The exported model is always kept.",
+    )
     log_every_steps: int = Field(default=1, ge=1, description="Report metrics every N optimizer steps.")
     seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Seeds data order and initialisation.")
     max_duration_seconds: int | None = Field(

@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 
 from cli.samples import build_tiny_model
+from tests.services import S3_CREDENTIALS, LoopbackS3
 from worker import launcher
 
 from .harness import Tuneq
+
+ARTIFACTS_BUCKET = "tuneq-artifacts"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,3 +48,21 @@ def service(home: Path, service_env: dict[str, str]) -> Iterator[Tuneq]:
     tuneq = Tuneq(home=home, env=service_env).start()
     yield tuneq
     tuneq.stop()
+
+
+@pytest.fixture(scope="module")
+def loopback_s3() -> Iterator[LoopbackS3]:
+    """A real S3 endpoint on loopback (moto's server) for this module, with the artifacts bucket."""
+    server = LoopbackS3().start()
+    server.client().create_bucket(Bucket=ARTIFACTS_BUCKET)
+    yield server
+    server.stop()
+
+
+def s3_artifacts_env(server: LoopbackS3, prefix: str) -> dict[str, str]:
+    """A service's environment for artifacts in ``s3://tuneq-artifacts/<prefix>`` on ``server``."""
+    return {
+        **S3_CREDENTIALS,
+        "TUNEQ_S3_ENDPOINT_URL": server.endpoint,
+        "TUNEQ_ARTIFACTS_URI": f"s3://{ARTIFACTS_BUCKET}/{prefix}",
+    }

@@ -22,10 +22,18 @@ class Tuneq:
     """``tuneq dev``, or ``tuneq serve`` plus ``tuneq worker``, as child processes."""
 
     def __init__(
-        self, *, home: Path, env: dict[str, str] | None = None, split: bool = False, cwd: Path | None = None
+        self,
+        *,
+        home: Path,
+        env: dict[str, str] | None = None,
+        split: bool = False,
+        cwd: Path | None = None,
+        worker_env: dict[str, str] | None = None,
     ) -> None:
         """``cwd``: start the processes there through the installed ``tuneq`` command, as a user
-        would (by default ``python -m cli.main`` from the tests' own directory)."""
+        would (by default ``python -m cli.main`` from the tests' own directory). ``worker_env``:
+        what the workers of a ``split`` deployment get besides ``env`` (their own TUNEQ_HOME,
+        as on another host)."""
         self.home = home
         self.cwd = cwd
         self.port = free_port()
@@ -39,17 +47,18 @@ class Tuneq:
         if env is None or "TUNEQ_QUEUE" not in env:
             self.env["TUNEQ_QUEUE"] = "tuneq-" + hashlib.sha1(str(home.resolve()).encode()).hexdigest()[:10]
         self.split = split
+        self.worker_env = worker_env or {}
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log = home / "tuneq-processes.log"
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
 
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as home_log:
             command = [str(Path(sys.executable).with_name("tuneq"))] if self.cwd else [sys.executable, "-m", "cli.main"]
             process = subprocess.Popen(
                 [*command, *args],
                 cwd=self.cwd,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=home_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -107,8 +116,9 @@ class Tuneq:
             time.sleep(0.5)
         raise TimeoutError(f"tuneq not ready; see {self.log}")
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        return self._spawn("worker")
+    def start_worker(self, **env: str) -> subprocess.Popen[bytes]:
+        """A worker with ``worker_env`` and then ``env`` (a new host's TUNEQ_HOME, say)."""
+        return self._spawn("worker", env={**self.worker_env, **env})
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:
         """SIGKILL a process's whole group, as the OOM killer or a host reboot would."""

@@ -20,8 +20,9 @@ from httpx_sse import EventSource
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.ports import free_port
-from tests.services import fresh_postgres_schema
+from tests.services import LoopbackS3, fresh_postgres_schema
 
+from .conftest import ARTIFACTS_BUCKET, s3_artifacts_env
 from .harness import Tuneq, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -124,9 +125,11 @@ def test_timeout_fails_the_job(tmp_path: Path, data: Path) -> None:
 
 
 def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
-    tmp_path: Path, data: Path, pg: str, redis_db: str
+    tmp_path: Path, data: Path, pg: str, redis_db: str, loopback_s3: LoopbackS3
 ) -> None:
-    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_db).start()
+    """The new worker is on another "host": an empty TUNEQ_HOME, the checkpoint comes from S3."""
+    store = s3_artifacts_env(loopback_s3, "killed")
+    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_db, **store).start()
     try:
         # Enough steps that the kill comes long before the end; checkpoints often enough that
         # the first comes early.
@@ -143,7 +146,8 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
         tuneq.kill(tuneq.processes[1])  # the worker and its pool, SIGKILL
         assert tuneq.job(job["id"])["step"] < steps, "the job finished before the worker was killed"
         assert wait_gone(ranks, timeout=30) == []
-        tuneq.start_worker()
+        new_host = tmp_path / "new-host"
+        tuneq.start_worker(TUNEQ_HOME=str(new_host))
         done = tuneq.wait(job["id"], timeout=400)
         assert done["status"] == "succeeded", done["error"]
         assert done["attempts"] == 2
@@ -160,7 +164,75 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
         assert any("stopped renewing its lease" in w for w in warnings)
         # Every step after the resume point was trained by the second attempt, continuing the count.
         assert done["step"] == steps and done["tokens_seen"] > 0
+        # The new host fetched the checkpoint from the store (and checked it) before resuming.
+        fetched = new_host / "runs" / job["id"] / "checkpoints" / f"step-{resumed[0]['from_step']:08d}"
+        assert (fetched / "tuneq-manifest.json").is_file()
     finally:
+        tuneq.stop()
+
+
+def test_the_store_going_away_mid_run_delays_uploads_not_the_job(
+    tmp_path: Path, data: Path, loopback_s3: LoopbackS3
+) -> None:
+    """The S3 endpoint stops after the first checkpoint and comes back: uploads are retried,
+    training waits at most at its next save, and the job ends with exactly the checkpoints its
+    retention keeps in S3. An outage longer than the deadline then fails a job plainly, its
+    files kept on the worker."""
+    store = s3_artifacts_env(loopback_s3, "outage")
+    tuneq = service(tmp_path, data, **store, TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS="20").start()
+    try:
+        job = tuneq.submit(body(data, epochs=100, max_steps=30, checkpoint_every_steps=5, keep_checkpoints=2))
+        wait_for(
+            lambda: tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"],
+            timeout=180,
+            what="no checkpoint",
+            service=tuneq,
+        )
+        loopback_s3.stop()
+
+        def artifact_events() -> list[str]:
+            events = tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+            return [e["data"]["state"] for e in events if e["type"] == "artifact"]
+
+        wait_for(lambda: "retrying" in artifact_events(), timeout=120, what="no retry event", service=tuneq)
+        time.sleep(2)
+        loopback_s3.start()
+        done = tuneq.wait(job["id"], timeout=300)
+        assert done["status"] == "succeeded", done["error"]
+        assert {"retrying", "recovered"} <= set(artifact_events())
+        events = tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
+        deleted = [e["data"]["step"] for e in events if e["type"] == "artifact" and e["data"]["state"] == "deleted"]
+        assert deleted == [5, 10, 15, 20]
+        # Retention (keep_checkpoints 2): exactly the newest two DeepSpeed checkpoints and the model
+        # are listed, and the store holds exactly their files and the log.
+        checkpoints = tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"]
+        assert [(c["step"], c["kind"]) for c in checkpoints] == [(25, "deepspeed"), (30, "deepspeed"), (30, "model")]
+        artifacts = tuneq.get(f"/jobs/{job['id']}/artifacts")["data"]
+        assert {(a["kind"], a["step"]) for a in artifacts} == {
+            ("deepspeed", 25),
+            ("deepspeed", 30),
+            ("model", 30),
+            ("log", None),
+        }
+        listing = loopback_s3.client().list_objects_v2(Bucket=ARTIFACTS_BUCKET, Prefix=f"outage/{job['id']}/")
+        assert {o["Key"] for o in listing["Contents"]} == {f"outage/{job['id']}/{a['path']}" for a in artifacts}
+        # The worker's disk keeps only the newest checkpoint, as a cache.
+        local = tmp_path / "home" / "runs" / job["id"] / "checkpoints"
+        assert sorted(p.name for p in local.glob("step-*")) == ["step-00000030"]
+
+        # Down for longer than TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS: the job fails, nothing half is listed.
+        loopback_s3.stop()
+        lost = tuneq.wait(
+            tuneq.submit(body(data, epochs=100, max_steps=10, checkpoint_every_steps=5))["id"], timeout=300
+        )
+        assert lost["status"] == "failed" and lost["error"]["code"] == "artifact_store_unavailable", lost["error"]
+        assert "TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS" in lost["error"]["message"]
+        assert tuneq.get(f"/jobs/{lost['id']}/checkpoints")["data"] == []
+        kept = tmp_path / "home" / "runs" / lost["id"] / "checkpoints" / "step-00000005" / "tuneq-manifest.json"
+        assert kept.is_file()
+    finally:
+        loopback_s3.stop()
+        loopback_s3.start()
         tuneq.stop()
 
 

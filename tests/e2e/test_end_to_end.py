@@ -6,6 +6,7 @@ a worker would.
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 from cli.samples import seed_config, write_text_dataset
-from tests.services import fresh_postgres_schema
+from tests.services import LoopbackS3, fresh_postgres_schema
 
+from .conftest import ARTIFACTS_BUCKET, s3_artifacts_env
 from .harness import Tuneq, job_body, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -48,23 +50,28 @@ def check_succeeded(service: Tuneq, job: dict[str, Any], *, steps: int) -> list[
     return metrics
 
 
-def check_exported_model(service: Tuneq, job: dict[str, Any], original: Path) -> None:
+def check_exported_model(exported: Path | str, original: Path) -> None:
     """The export loads with transformers, holds every full weight, and training changed them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    checkpoints = service.get(f"/jobs/{job['id']}/checkpoints")["data"]
-    model_ckpt = [c for c in checkpoints if c["kind"] == "model"]
-    assert len(model_ckpt) == 1 and model_ckpt[0]["bytes"] > 0
-    exported = AutoModelForCausalLM.from_pretrained(model_ckpt[0]["uri"], use_safetensors=True)
-    AutoTokenizer.from_pretrained(model_ckpt[0]["uri"])
+    model = AutoModelForCausalLM.from_pretrained(exported, use_safetensors=True)
+    AutoTokenizer.from_pretrained(exported)
     before = AutoModelForCausalLM.from_pretrained(original, use_safetensors=True).state_dict()
-    after = exported.state_dict()
+    after = model.state_dict()
     assert before.keys() == after.keys()
     changed = 0
     for name, tensor in before.items():
         assert after[name].shape == tensor.shape, name  # no ZeRO-3 placeholders
         changed += int(not torch.equal(after[name].float(), tensor.float()))
     assert changed > len(before) // 2, f"only {changed} of {len(before)} tensors changed"
+
+
+def exported_model(service: Tuneq, job: dict[str, Any]) -> str:
+    """Where the job's one model checkpoint is (a path: this module's store is the default)."""
+    checkpoints = service.get(f"/jobs/{job['id']}/checkpoints")["data"]
+    model_ckpt = [c for c in checkpoints if c["kind"] == "model"]
+    assert len(model_ckpt) == 1 and model_ckpt[0]["bytes"] > 0
+    return str(model_ckpt[0]["uri"])
 
 
 def test_seed_config_as_given_with_fp16_off(service: Tuneq, home: Path) -> None:
@@ -82,7 +89,7 @@ def test_seed_config_as_given_with_fp16_off(service: Tuneq, home: Path) -> None:
     ]
     for c in checkpoints:
         assert Path(c["uri"], "tuneq-manifest.json").is_file() and c["bytes"] > 0
-    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
+    check_exported_model(exported_model(service, job), home / "data" / "tiny-gpt-neo")
     logs = service.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]
     assert len(logs) == 5
     # The rank's exit, in the job log's last lines (the default launcher: the warm start)
@@ -114,7 +121,7 @@ def test_zero_stages_and_rank_counts(service: Tuneq, home: Path, stage: int, ran
     metrics = check_succeeded(service, job, steps=steps)
     first, last = metrics[:4], metrics[-4:]
     assert sum(m["loss"] for m in last) < sum(m["loss"] for m in first), [m["loss"] for m in metrics]
-    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
+    check_exported_model(exported_model(service, job), home / "data" / "tiny-gpt-neo")
 
 
 def test_a_sequence_length_past_a_local_models_limit_is_refused_at_submit(service: Tuneq, home: Path) -> None:
@@ -187,8 +194,10 @@ def test_no_tuneq_process_depends_on_the_directory_it_is_started_from(tmp_path: 
 
 
 def test_postgres_and_redis_with_separate_api_and_worker(
-    tmp_path: Path, home: Path, postgres_url: str, redis_url: str
+    tmp_path: Path, home: Path, postgres_url: str, redis_url: str, loopback_s3: LoopbackS3
 ) -> None:
+    """The production stack on two "hosts" that share no disk: the API and the worker have
+    their own TUNEQ_HOME, artifacts go to S3, and the model comes back over HTTP."""
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
@@ -199,8 +208,10 @@ def test_postgres_and_redis_with_separate_api_and_worker(
         # The production stack with DeepSpeed's own launcher, which every other end-to-end
         # test replaces with the default warm start: both ways of starting ranks stay covered.
         "TUNEQ_LAUNCHER": "deepspeed",
+        **s3_artifacts_env(loopback_s3, "separate"),
     }
-    service = Tuneq(home=tmp_path / "home", env=env, split=True).start()
+    api_home, worker_home = tmp_path / "api-host", tmp_path / "worker-host"
+    service = Tuneq(home=api_home, env=env, split=True, worker_env={"TUNEQ_HOME": str(worker_home)}).start()
     try:
         job = service.submit(
             body(
@@ -212,11 +223,52 @@ def test_postgres_and_redis_with_separate_api_and_worker(
         )
         job = service.wait(job["id"])
         check_succeeded(service, job, steps=8)
-        check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
-        logs = service.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]
+        logs = service.get(f"/jobs/{job['id']}/logs?tail=5")["lines"]  # from SQL: the API has no train.log
         assert any("exits successfully" in line for line in logs)  # DeepSpeed's launch.py, at the end
         listed = service.get("/jobs?status=succeeded")
         assert [j["id"] for j in listed["data"]] == [job["id"]]
+
+        checkpoints = service.get(f"/jobs/{job['id']}/checkpoints")["data"]
+        assert [(c["step"], c["kind"]) for c in checkpoints] == [(4, "deepspeed"), (8, "deepspeed"), (8, "model")]
+        assert all(c["uri"].startswith(f"s3://{ARTIFACTS_BUCKET}/separate/{job['id']}/") for c in checkpoints)
+        artifacts = service.get(f"/jobs/{job['id']}/artifacts")["data"]
+        assert {(a["kind"], a["step"]) for a in artifacts} == {
+            ("deepspeed", 4),
+            ("deepspeed", 8),
+            ("model", 8),
+            ("log", None),
+        }
+        in_s3 = {
+            o["Key"]: o["Size"]
+            for o in loopback_s3.client().list_objects_v2(Bucket=ARTIFACTS_BUCKET, Prefix=f"separate/{job['id']}/")[
+                "Contents"
+            ]
+        }
+        assert in_s3 == {f"separate/{job['id']}/{a['path']}": a["size"] for a in artifacts}
+        assert not (api_home / "runs" / job["id"]).exists()  # nothing of the job on the API's disk
+
+        # The model over HTTP, as a user on another machine gets it; it loads with transformers.
+        exported = tmp_path / "downloaded"
+        for artifact in (a for a in artifacts if a["kind"] == "model"):
+            got = service.client.get(f"/jobs/{job['id']}/artifacts/{artifact['path']}")
+            assert got.status_code == 200 and hashlib.sha256(got.content).hexdigest() == artifact["sha256"]
+            target = exported / artifact["path"].removeprefix("model/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(got.content)
+        check_exported_model(exported, home / "data" / "tiny-gpt-neo")
+
+        # A download cut short resumes with Range; a range past the end and a path outside are refused.
+        weights = next(a for a in artifacts if a["path"] == "model/model.safetensors")
+        url = f"/jobs/{job['id']}/artifacts/model/model.safetensors"
+        rest = service.client.get(url, headers={"Range": "bytes=1000-", "If-Range": f'"{weights["sha256"]}"'})
+        assert (
+            rest.status_code == 206
+            and rest.headers["content-range"] == f"bytes 1000-{weights['size'] - 1}/{weights['size']}"
+        )
+        assert rest.content == (exported / "model.safetensors").read_bytes()[1000:]
+        assert service.client.get(url, headers={"Range": f"bytes={weights['size']}-"}).status_code == 416
+        for outside in ("model/../../../etc/passwd", "spec.json", "model/nothing.bin"):
+            assert service.client.get(f"/jobs/{job['id']}/artifacts/{outside}").status_code == 404
     finally:
         service.stop()
 
@@ -247,7 +299,7 @@ def test_a_hugging_face_docs_config_with_auto_values(service: Tuneq, home: Path)
     assert resolved["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the tiny model's hidden size
     rates = [m["learning_rate"] for m in metrics]
     assert rates[0] < rates[3] and max(rates) == pytest.approx(2e-3) and rates[-1] < max(rates)  # warmup, decay
-    check_exported_model(service, job, home / "data" / "tiny-gpt-neo")
+    check_exported_model(exported_model(service, job), home / "data" / "tiny-gpt-neo")
     assert not elsewhere.exists()
     monitor = Path(resolved["csv_monitor"]["output_path"])
     assert monitor.is_relative_to(home / "runs" / job["id"]) and any(monitor.rglob("*.csv"))

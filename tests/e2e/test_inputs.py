@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from cli.samples import (
     write_prompt_completion_dataset,
     write_text_dataset,
 )
+from tests.services import S3_CREDENTIALS, LoopbackS3
 
 from .harness import Tuneq, job_body
 
@@ -36,33 +36,22 @@ def home(home: Path) -> Path:
     return home
 
 
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
 @pytest.fixture(scope="module")
-def s3_endpoint(home: Path) -> Iterator[str]:
+def s3_endpoint(home: Path, loopback_s3: LoopbackS3) -> str:
     """A real S3 API on loopback (moto's server), holding one good and one bad dataset."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in S3_ENV.items() if "KEY" in k})
+    client = loopback_s3.client()
     client.create_bucket(Bucket="corpus")
     client.upload_file(str(home / "data" / "qa.jsonl"), "corpus", "sets/qa.jsonl")
     client.put_object(
         Bucket="corpus", Key="sets/bad.jsonl", Body=b'{"prompt": "q", "completion": "a"}\n{"prompt": 1}\n'
     )
-    yield endpoint
-    server.stop()
+    return loopback_s3.endpoint
 
 
 @pytest.fixture(scope="module")
 def service_env(s3_endpoint: str) -> dict[str, str]:
     """The service reads ``s3://`` datasets from the loopback S3 above, with its test credentials."""
-    return {**S3_ENV, "TUNEQ_S3_ENDPOINT_URL": s3_endpoint}
+    return {**S3_CREDENTIALS, "TUNEQ_S3_ENDPOINT_URL": s3_endpoint}
 
 
 def run(service: Tuneq, home: Path, dataset: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -18,6 +18,7 @@ import pytest
 from shared.data import remote as dataset_source
 from shared.data.remote import DatasetSourceError, RemoteDataset, fetch_dataset, parse_dataset_uri
 from shared.settings import Settings
+from tests.services import LoopbackS3
 
 LOOPBACK = "127.0.0.0/8,::1/128"
 
@@ -424,12 +425,8 @@ def test_https_too_large_is_refused_before_and_while_downloading(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    server = LoopbackS3().start()
+    yield server.endpoint
     server.stop()
 
 
