@@ -76,20 +76,6 @@ class RunLayout:
             shutil.rmtree(directory, ignore_errors=True)
         return incomplete
 
-    def newest_complete_checkpoint(self) -> CheckpointManifest | None:
-        """The newest DeepSpeed checkpoint whose manifest was written; half-written ones are skipped."""
-        if not self.checkpoints_dir.is_dir():
-            return None
-        complete = []
-        for directory in self.checkpoints_dir.glob("step-*"):
-            try:
-                manifest = CheckpointManifest.read(directory)
-            except ValueError:
-                continue
-            if manifest is not None and manifest.kind == "deepspeed":
-                complete.append(manifest)
-        return max(complete, key=lambda m: m.step, default=None)
-
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON so that readers see the old file or the whole new one, never half of it

@@ -7,8 +7,9 @@ import pytest
 from sqlmodel import Session
 
 from cli.samples import seed_config
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, job_key
 from shared.db.engine import get_engine
-from shared.db.models import Job, JobStatus
+from shared.db.models import CheckpointKind, Job, JobMetric, JobStatus, utcnow
 from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.run_layout import RunLayout
 from shared.settings import get_settings
@@ -158,21 +159,89 @@ def test_out_of_memory_failures_get_advice(tmp_path: Path) -> None:
     assert "zero_optimization.stage 3" in message and "offload" in message and "micro_batch" in message
 
 
-def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+def committed_checkpoint(session: Session, store: ArtifactStore, layout: RunLayout, job: Job, step: int) -> None:
+    """A checkpoint the ranks saved at ``step``, published to ``store`` and committed."""
+    from shared.db.artifacts import commit_checkpoint
     from shared.jobs.run_layout import CheckpointManifest
 
-    layout = RunLayout(tmp_path)
-    for step, complete in ((10, True), (20, True), (30, False)):  # 30: killed during its save
-        directory = layout.checkpoints_dir / layout.checkpoint_tag(step)
-        directory.mkdir(parents=True)
-        (directory / "shard.pt").write_bytes(b"x" * step)
-        if complete:
-            CheckpointManifest.describe(
-                directory, step=step, tag=directory.name, kind="deepspeed", world_size=1, created_at="t"
-            ).write(directory)
-    newest = layout.newest_complete_checkpoint()
-    assert newest is not None and newest.step == 20 and newest.tag == "step-00000020"
-    assert RunLayout(tmp_path / "empty").newest_complete_checkpoint() is None
+    directory = saved_checkpoint(layout, step)
+    path_in_job = f"checkpoints/{directory.name}"
+    files = [
+        (f"{path_in_job}/{name}", store.put_file(directory / name, job_key(job.id, f"{path_in_job}/{name}")))
+        for name in ("shard.pt", CheckpointManifest.FILENAME)
+    ]
+    commit_checkpoint(
+        session,
+        job_id=job.id,
+        kind=CheckpointKind.deepspeed,
+        step=step,
+        uri=store.uri_of(job_key(job.id, path_in_job)),
+        files=files,
+        created_at=utcnow(),
+    )
+
+
+def saved_checkpoint(layout: RunLayout, step: int) -> Path:
+    from shared.jobs.run_layout import CheckpointManifest
+
+    directory = layout.checkpoints_dir / layout.checkpoint_tag(step)
+    directory.mkdir(parents=True)
+    (directory / "shard.pt").write_bytes(bytes([step]) * step)
+    CheckpointManifest.describe(
+        directory, step=step, tag=directory.name, kind="deepspeed", world_size=1, created_at="t"
+    ).write(directory)
+    return directory
+
+
+def test_a_resume_takes_the_newest_committed_checkpoint_from_the_store_checked(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Not the newest on this disk: step 30 was saved but never published (the worker died),
+    and the new worker's disk lacks step 20 (another host), which comes from the store."""
+    from worker.runner import take_over
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={}, attempts=2)
+        session.add(job)
+        session.commit()
+        old_host = RunLayout(tmp_path / "old-host" / str(job.id))
+        for step in (10, 20):
+            committed_checkpoint(session, store, old_host, job, step)
+        session.commit()
+    new_host = RunLayout(tmp_path / "new-host" / str(job.id))
+    saved_checkpoint(new_host, 30)
+
+    resume = take_over(job, new_host, store)
+    assert resume is not None and (resume.step, resume.tag) == (20, "step-00000020")
+    assert (new_host.checkpoints_dir / "step-00000020" / "shard.pt").read_bytes() == bytes([20]) * 20
+    assert not (new_host.checkpoints_dir / "step-00000030").exists()  # trained again, never mixed in
+
+    # A file changed in the store (or in the local copy) never reaches a rank.
+    tampered = store.local_path(job_key(job.id, "checkpoints/step-00000020/shard.pt"))
+    assert tampered is not None
+    tampered.write_bytes(b"pickle that runs code")
+    (new_host.checkpoints_dir / "step-00000020" / "shard.pt").unlink()
+    with pytest.raises(ArtifactIntegrityError, match="not the file that was published"):
+        take_over(job, new_host, store)
+
+
+def test_retention_keeps_the_newest_and_the_best_evaluated_checkpoint(database_url: str, tmp_path: Path) -> None:
+    from shared.db.artifacts import checkpoints_past_retention
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+        layout = RunLayout(tmp_path / str(job.id))
+        for step in (10, 20, 30, 40, 50):
+            committed_checkpoint(session, store, layout, job, step)
+        for step, eval_loss in ((10, 2.0), (20, 1.1), (25, 0.5), (30, 1.4), (50, 1.2)):  # 25: no checkpoint
+            session.add(JobMetric(job_id=job.id, step=step, loss=1.0, eval_loss=eval_loss, time=utcnow()))
+        session.commit()
+        expired = checkpoints_past_retention(session=session, job_id=job.id, keep=2)
+        assert sorted(c.step for c in expired) == [10, 30]  # kept: 40 and 50 (newest), 20 (best eval_loss)
 
 
 def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url: str) -> None:

@@ -69,5 +69,4 @@ def test_incomplete_saves_are_removed_and_complete_ones_kept(tmp_path: Path) -> 
     removed = layout.remove_incomplete_saves()
     assert sorted(p.name for p in removed) == ["model.partial", "step-00000010"]
     assert complete.is_dir() and layout.model_dir.is_dir() and not torn.exists()
-    assert layout.newest_complete_checkpoint() is not None
     assert layout.remove_incomplete_saves() == []
