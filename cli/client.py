@@ -6,7 +6,7 @@ A thin layer over the HTTP API (README, "The HTTP API"). ``TUNEQ_URL`` (default
 ``Settings``.
 
 The first half is a library (``TuneqClient``, the job-event stream, the follow state, checkpoint
-selection and copying) that logs and raises, never prints; the second half is the typer
+selection and download) that logs and raises, never prints; the second half is the typer
 commands, registered on the ``tuneq`` app by ``register(app)``.
 
 Exit codes (README, "Command line client"): 0 success (``--follow``: the job succeeded),
@@ -16,24 +16,27 @@ Exit codes (README, "Command line client"): 0 success (``--follow``: the job suc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import shutil
+import posixpath
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
-from urllib.parse import unquote, urlparse
+from typing import Annotated, Any, Protocol
+from urllib.parse import quote, urlparse
 
 import httpx
 import typer
 from httpx_sse import ServerSentEvent, connect_sse
 
 from shared.db.models import TERMINAL_STATUSES
+from shared.jobs.run_layout import CheckpointManifest, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +276,88 @@ class TuneqClient:
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return list(self._json("GET", f"/jobs/{job_id}/checkpoints")["data"])
+
+    def artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        """Every published file of the job: path, kind, step, size, sha256."""
+        return list(self._json("GET", f"/jobs/{job_id}/artifacts")["data"])
+
+    def fetch_artifact(
+        self,
+        job_id: str,
+        file: RemoteFile,
+        target: Path,
+        *,
+        partial_of: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> FetchResult:
+        """Stream one file of the job's artifacts to ``target``, a chunk at a time, and check
+        its size and SHA-256 against the listing's.
+
+        What ``target`` holds counts: a whole copy whose SHA-256 matches is not fetched again;
+        a shorter one continues with ``Range: bytes=<have>-`` and ``If-Range: "<sha256>"``
+        (``partial_of``: the version it is a copy of, default the listed one), and a 200 in
+        place of a 206 starts it over. Redirects (a presigned URL) are followed; httpx sends
+        the API key to no other host. ``progress`` gets each change in the bytes of ``target``
+        that count: the bytes received, and minus what a copy dropped had counted. A file that
+        does not match is deleted and raises ChecksumMismatch; a dropped connection raises
+        ServerUnreachable and leaves what arrived for the next try."""
+        advance = progress or (lambda _n: None)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        have = partial_bytes(target, file.size)
+        if target.is_file() and have == file.size:
+            if _hash_file(hashlib.sha256(), target).hexdigest() == file.sha256:
+                return FetchResult(received=0, resumed=have)
+            logger.info("%s is complete but not the listed file: fetching it again", target)
+            advance(-have)
+            have = 0
+        # Identity: the byte offsets of a Range are the file's own, not those of an encoding.
+        headers = {"Accept-Encoding": "identity"}
+        if have:
+            headers.update({"Range": f"bytes={have}-", "If-Range": f'"{partial_of or file.sha256}"'})
+        url = f"/jobs/{job_id}/artifacts/{quote(file.path, safe='/')}"
+        digest: _Digest = hashlib.sha256()
+        received = 0
+        try:
+            with self._http.stream("GET", url, headers=headers, follow_redirects=True) as response:
+                if response.status_code == 206 and have:
+                    start = _range_start(response.headers.get("content-range"))
+                    if start != have:
+                        raise ClientError(f"asked for {file.path} from byte {have}; the server sent from byte {start}")
+                    _hash_file(digest, target)
+                    mode = "ab"
+                elif response.status_code == 200:
+                    if have:
+                        logger.info("%s changed since the partial copy: fetching all of it", file.path)
+                        advance(-have)
+                        have = 0
+                    mode = "wb"
+                else:
+                    response.read()
+                    self._check(response)
+                    raise ClientError(f"GET {url} answered {response.status_code} {response.reason_phrase}")
+                with target.open(mode) as out:
+                    for chunk in response.iter_bytes():  # as they arrive: a drop loses nothing received
+                        out.write(chunk)
+                        digest.update(chunk)
+                        received += len(chunk)
+                        advance(len(chunk))
+        except httpx.TooManyRedirects:
+            raise ClientError(f"GET {url} redirected too many times") from None
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from None
+        got = have + received
+        if got < file.size:
+            raise ServerUnreachable(f"the server sent {got} of the {file.size} bytes of {file.path}")
+        found = digest.hexdigest()
+        if got != file.size or found != file.sha256:
+            target.unlink(missing_ok=True)
+            advance(-got)
+            raise ChecksumMismatch(
+                f"{file.path} is not the file the server lists ({got} bytes with SHA-256 {found[:12]}…, "
+                f"listed: {file.size} bytes with SHA-256 {file.sha256[:12]}…): deleted it; the same "
+                "command fetches it again"
+            )
+        return FetchResult(received=received, resumed=have)
 
     def logs(self, job_id: str, *, tail: int = 200) -> list[str]:
         return [str(line) for line in self._json("GET", f"/jobs/{job_id}/logs", params={"tail": tail})["lines"]]
@@ -517,55 +602,213 @@ def pick_checkpoint(checkpoints: list[dict[str, Any]], *, step: int | None, kind
     raise ClientError(f"the job has no {wanted_text} checkpoint (it has: {have})")
 
 
-def local_path(uri: str) -> Path | None:
-    """The local path a checkpoint ``uri`` names (a plain path or ``file://``), else None."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
-        return Path(uri)
-    return None
+# Files of a checkpoint as the server lists them (GET /jobs/{id}/artifacts): each checkpoint
+# directory holds its manifest at its top level, so the manifest's directory is the checkpoint's.
+MANIFEST_NAME = CheckpointManifest.FILENAME
+HASH_CHUNK_BYTES = 1024 * 1024
+# In a staging directory: the version (SHA-256) each partial file is a copy of, so that its
+# resume asks the server to continue only that version (If-Range) and gets the whole file otherwise.
+DOWNLOAD_STATE_NAME = ".tuneq-download.json"
 
 
-def _tree_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+class ChecksumMismatch(ClientError):
+    """A downloaded file is not the file the server lists (its size or SHA-256 differs)."""
 
 
-def copy_checkpoint(checkpoint: dict[str, Any], output: Path) -> Path:
-    """Copy a checkpoint directory the server wrote to ``output``, through a temporary name so
-    a copy cut short never looks complete. Only works where the server's runs are readable."""
-    uri = str(checkpoint["uri"])
-    source = local_path(uri)
-    if source is None or not source.exists() or not os.access(source, os.R_OK):
-        where = source if source is not None else uri
-        raise ClientError(
-            f"checkpoint is at {where} on the server; this client cannot read it: run on the server host "
-            "or mount the runs volume (TUNEQ_HOME/runs) at the same path"
-        )
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ClientError(f"{output} already exists and is not an empty directory: choose another --output")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.parent / f".{output.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a checkpoint: ``path`` in the job's artifacts, ``name`` in the checkpoint's
+    directory (``/``-separated), with the size and SHA-256 the server lists."""
+
+    path: str
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    received: int  # the bytes the server sent this time
+    resumed: int  # the bytes kept from the copy that was already there
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def _hash_file(digest: _Digest, path: Path) -> _Digest:
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest
+
+
+def partial_bytes(target: Path, size: int) -> int:
+    """How much of a file of ``size`` bytes the copy at ``target`` may hold: its length, or 0
+    when there is none or it is longer than the file (it is fetched anew)."""
     try:
-        if source.is_dir():
-            shutil.copytree(source, staging)
-        else:
-            staging.mkdir()
-            shutil.copy2(source, staging / source.name)
+        have = target.stat().st_size
+    except FileNotFoundError:
+        return 0
+    return have if have <= size else 0
+
+
+def _range_start(content_range: str | None) -> int | None:
+    """The first byte of a ``Content-Range: bytes N-M/T`` answer."""
+    match = re.fullmatch(r"bytes (\d+)-\d+/(?:\d+|\*)", (content_range or "").strip())
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_files(artifacts: list[dict[str, Any]], checkpoint: dict[str, Any]) -> list[RemoteFile]:
+    """The files of ``checkpoint`` (a row of GET /jobs/{id}/checkpoints) among the job's
+    ``artifacts``: those of its kind and step under its manifest's directory, named relative
+    to that directory."""
+    kind, step = checkpoint["kind"], checkpoint["step"]
+    mine = [a for a in artifacts if a.get("kind") == kind and a.get("step") == step]
+    manifests = [str(a["path"]) for a in mine if posixpath.basename(str(a["path"])) == MANIFEST_NAME]
+    if not manifests:
+        raise ClientError(
+            f"the server lists no files of the {kind} checkpoint at step {step} "
+            f"(no {MANIFEST_NAME} among the job's artifacts)"
+        )
+    # Two directories of one kind and step (never written by tuneq): the one the checkpoint's uri names.
+    uri = str(checkpoint.get("uri") or "").rstrip("/")
+    manifest = next((m for m in manifests if uri.endswith(f"/{posixpath.dirname(m)}")), manifests[0])
+    directory = posixpath.dirname(manifest)
+    prefix = f"{directory}/" if directory else ""
+    files: list[RemoteFile] = []
+    for artifact in mine:
+        path = str(artifact["path"])
+        if not path.startswith(prefix):
+            continue
+        name = path[len(prefix) :]
+        if any(part in ("", ".", "..") for part in name.split("/")):
+            raise ClientError(f"the server lists a file named {path!r}: not a file name to write here")
+        files.append(RemoteFile(path=path, name=name, size=int(artifact["size"]), sha256=str(artifact["sha256"])))
+    return sorted(files, key=lambda f: f.name)
+
+
+def staging_dir(output: Path) -> Path:
+    """Where a download into ``output`` collects its files: a stable name beside it, so the
+    same command run again finds what a download cut short left."""
+    return output.parent / f".{output.name}.partial"
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """A checkpoint to download: its files, where they go, and where they are collected."""
+
+    job_id: str
+    checkpoint: dict[str, Any]
+    files: list[RemoteFile]
+    output: Path
+    staging: Path
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def target(self, file: RemoteFile) -> Path:
+        return self.staging.joinpath(*file.name.split("/"))
+
+    def kept_bytes(self) -> int:
+        """What an earlier download left in the staging directory (checked as it is used)."""
+        return sum(partial_bytes(self.target(f), f.size) for f in self.files)
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    output: Path
+    files: int
+    bytes: int  # the size of the checkpoint's files
+    received_bytes: int  # what the server sent this time
+    resumed_bytes: int  # what was kept from an earlier download
+
+
+def plan_download(client: TuneqClient, job_id: str, checkpoint: dict[str, Any], output: Path) -> DownloadPlan:
+    """What downloading ``checkpoint`` into ``output`` takes; raises ClientError when
+    ``output`` exists and is not an empty directory, or the server lists no files for it."""
+    output = Path(os.path.abspath(output))
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ClientError(f"{output} already exists and is not an empty directory: choose another destination")
+    files = checkpoint_files(client.artifacts(job_id), checkpoint)
+    return DownloadPlan(job_id=job_id, checkpoint=checkpoint, files=files, output=output, staging=staging_dir(output))
+
+
+def download_checkpoint(
+    client: TuneqClient,
+    plan: DownloadPlan,
+    *,
+    progress: Callable[[int], None] | None = None,
+    on_file: Callable[[RemoteFile], None] | None = None,
+) -> DownloadResult:
+    """Fetch the plan's files into its staging directory (resuming what is there), check each
+    against its SHA-256, and rename the directory to the plan's output once all are there.
+    ``progress`` gets each change in the bytes collected (see ``TuneqClient.fetch_artifact``);
+    ``on_file`` is called with each file as its turn comes."""
+    staging = plan.staging
+    staging.mkdir(parents=True, exist_ok=True)
+    state_path = staging / DOWNLOAD_STATE_NAME
+    versions = _read_versions(state_path)
+    received = resumed = 0
+    for file in plan.files:
+        if on_file is not None:
+            on_file(file)
+        target = plan.target(file)
+        before = target.stat().st_size if target.exists() else None
+        try:
+            fetched = client.fetch_artifact(
+                plan.job_id, file, target, partial_of=versions.get(file.path), progress=progress
+            )
+        except ServerUnreachable as e:
+            raise ServerUnreachable(
+                f"{e.message}; what arrived is kept in {staging}: the same command resumes the download"
+            ) from None
+        finally:
+            # What this fetch wrote is of the listed version: the server continues a copy (206)
+            # only when the copy already was of it.
+            if (target.stat().st_size if target.exists() else None) != before:
+                versions[file.path] = file.sha256
+                write_json_atomic(state_path, versions)
+        received += fetched.received
+        resumed += fetched.resumed
+    _keep_only(staging, {plan.target(f) for f in plan.files})
+    output = plan.output
+    try:
         if output.exists():
-            output.rmdir()
+            output.rmdir()  # an empty directory (plan_download checked), replaced by the download
         staging.rename(output)
     except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ClientError(f"could not copy {source} to {output}: {e}") from None
-    expected = checkpoint.get("bytes")
-    copied = _tree_bytes(output)
-    if isinstance(expected, int) and expected and copied < expected:
-        logger.warning("copied %d bytes but the server recorded %d for this checkpoint", copied, expected)
-    return output
+        raise ClientError(f"could not move the download from {staging} to {output}: {e}") from None
+    logger.info("downloaded %d files (%d bytes, %d resumed) to %s", len(plan.files), received, resumed, output)
+    return DownloadResult(
+        output=output,
+        files=len(plan.files),
+        bytes=plan.total_bytes,
+        received_bytes=received,
+        resumed_bytes=resumed,
+    )
+
+
+def _read_versions(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _keep_only(directory: Path, keep: set[Path]) -> None:
+    """Remove from ``directory`` every file not in ``keep`` (the download state, files of an
+    earlier listing) and the directories left empty."""
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path not in keep:
+            path.unlink()
 
 
 # ---- the commands ----------------------------------------------------------------------------
@@ -927,30 +1170,98 @@ def cancel(
 
 def download(
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
-    checkpoint: Annotated[
-        int | None, typer.Option("--checkpoint", min=0, help="The step of the checkpoint; default the newest.")
+    dest: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="DEST",
+            help="The directory to create (as --output); default ./tuneq-<id>-<kind>-<step>.",
+            show_default=False,
+        ),
     ] = None,
+    step: Annotated[
+        int | None,
+        typer.Option("--step", "--checkpoint", min=0, help="The step of the checkpoint; default the newest."),
+    ] = None,
+    model: Annotated[bool, typer.Option("--model", help="The exported model: the same as --kind model.")] = False,
     kind: Annotated[str | None, typer.Option(help="model, adapter or deepspeed; default model, else adapter.")] = None,
     output: Annotated[
         Path | None, typer.Option(help="The directory to create; default ./tuneq-<id>-<kind>-<step>.")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Copy a checkpoint directory of a job here (where the server's runs directory is readable)."""
+    """Download a checkpoint of a job over HTTP, checking every file's SHA-256; run again to resume one cut short."""
     if kind is not None and kind not in KIND_PREFERENCE:
         raise typer.BadParameter(f"unknown kind {kind!r}: one of {', '.join(KIND_PREFERENCE)}", param_hint="--kind")
+    if model:
+        if kind not in (None, "model"):
+            raise typer.BadParameter(f"--model is --kind model, not --kind {kind}", param_hint="--model")
+        kind = "model"
+    if dest is not None and output is not None:
+        raise typer.BadParameter("both name the directory to create: give one of them", param_hint="DEST, --output")
     with _client() as client:
         try:
-            chosen = pick_checkpoint(client.checkpoints(job_id), step=checkpoint, kind=kind)
-            target = output or Path(f"tuneq-{job_id[:8]}-{chosen['kind']}-{chosen['step']}")
-            copied = copy_checkpoint(chosen, target)
+            chosen = pick_checkpoint(client.checkpoints(job_id), step=step, kind=kind)
+            target = dest or output or Path(f"tuneq-{job_id[:8]}-{chosen['kind']}-{chosen['step']}")
+            plan = plan_download(client, job_id, chosen, target)
+            result = download_with_progress(client, plan)
+        except KeyboardInterrupt:
+            typer.echo("\ntuneq: download stopped; the same command resumes it", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except ClientError as e:
             raise _fail(e) from None
     if as_json:
-        _print_json({**chosen, "output": str(copied.resolve())})
-    else:
-        size = _tree_bytes(copied) / 1e6
-        typer.echo(f"copied the {chosen['kind']} checkpoint at step {chosen['step']} to {copied} ({size:.1f} MB)")
+        _print_json(
+            {
+                **chosen,
+                "output": str(result.output),
+                "files": result.files,
+                "bytes": result.bytes,
+                "resumed_bytes": result.resumed_bytes,
+            }
+        )
+        return
+    resumed = f", {_size(result.resumed_bytes)} of it resumed" if result.resumed_bytes else ""
+    typer.echo(
+        f"downloaded the {chosen['kind']} checkpoint at step {chosen['step']} to {target} "
+        f"({result.files} files, {_size(result.bytes)}{resumed})"
+    )
+
+
+def download_with_progress(client: TuneqClient, plan: DownloadPlan, *, console: Any = None) -> DownloadResult:
+    """``download_checkpoint`` with a progress bar over its bytes on a terminal's stderr."""
+    console = console or _console(stderr=True)
+    if not console.is_terminal:
+        return download_checkpoint(client, plan)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("download", total=plan.total_bytes, completed=plan.kept_bytes())
+        return download_checkpoint(
+            client,
+            plan,
+            progress=lambda n: progress.advance(task, n),
+            on_file=lambda f: progress.update(task, description=f.name),
+        )
+
+
+def _size(n: int) -> str:
+    from rich.filesize import decimal
+
+    return decimal(n)
 
 
 def register(app: typer.Typer) -> None:

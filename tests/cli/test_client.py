@@ -3,11 +3,14 @@ serves canned answers and canned Server-Sent Events (including a dropped connect
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,11 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import EventSource
+from sqlmodel import Session
 from typer.testing import CliRunner
 
 from cli.client import (
+    DOWNLOAD_STATE_NAME,
     EXIT_API_ERROR,
     EXIT_CANCELLED,
     EXIT_FAILED,
@@ -27,17 +32,27 @@ from cli.client import (
     ClientSettings,
     FollowState,
     JobEvent,
+    RemoteFile,
     ServerUnreachable,
     TuneqClient,
-    copy_checkpoint,
+    checkpoint_files,
     describe_error,
+    download_with_progress,
     exit_code_for,
     follow_job,
     format_duration,
     pick_checkpoint,
+    plan_download,
 )
 from cli.main import app
+from shared.artifacts.store import ArtifactStore, job_key
+from shared.db.artifacts import commit_checkpoint
+from shared.db.engine import get_engine, init_db
+from shared.db.models import CheckpointKind, Job, JobStatus, utcnow
+from shared.jobs.run_layout import CheckpointManifest
 from shared.ports import free_port
+from shared.settings import get_settings
+from tests.conftest import clear_caches
 
 JOB_ID = "6f1c2a8e-1b2c-4d5e-8f90-123456789abc"
 
@@ -75,13 +90,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class FakeApi:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.routes: dict[tuple[str, str], Route] = {}
         self.requests: list[dict[str, Any]] = []
         handler = type("BoundHandler", (Handler,), {"api": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = ThreadingHTTPServer((host, 0), handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def route(self, method: str, path: str, route: Route) -> None:
@@ -443,33 +458,321 @@ def test_pick_checkpoint() -> None:
         pick_checkpoint(CHECKPOINTS[:2], step=None, kind=None)
 
 
-def test_copy_checkpoint(tmp_path: Path) -> None:
-    source = tmp_path / "runs" / "j" / "model"
-    (source / "sub").mkdir(parents=True)
-    (source / "config.json").write_text("{}")
-    (source / "sub" / "weights.safetensors").write_bytes(b"x" * 100)
-    checkpoint = {"step": 10, "kind": "model", "uri": f"file://{source}", "bytes": 102}
-    out = copy_checkpoint(checkpoint, tmp_path / "here" / "exported")
-    assert (out / "sub" / "weights.safetensors").read_bytes() == b"x" * 100
-    assert [p.name for p in (tmp_path / "here").iterdir()] == ["exported"]  # no staging left behind
-    with pytest.raises(ClientError, match="already exists"):
-        copy_checkpoint(checkpoint, out)
-    (tmp_path / "empty").mkdir()
-    assert (copy_checkpoint({**checkpoint, "uri": str(source)}, tmp_path / "empty") / "config.json").exists()
+def test_checkpoint_files_are_named_inside_the_checkpoint_directory() -> None:
+    def artifact(path: str, kind: str = "deepspeed", step: int | None = 4) -> dict[str, Any]:
+        return {"path": path, "kind": kind, "step": step, "size": 1, "sha256": "0" * 64}
+
+    artifacts = [
+        artifact("checkpoints/step-00000004/global_step4/mp_rank_00_model_states.pt"),
+        artifact("checkpoints/step-00000004/latest"),
+        artifact("checkpoints/step-00000004/tuneq-manifest.json"),
+        artifact("checkpoints/step-00000008/tuneq-manifest.json", step=8),
+        artifact("model/tuneq-manifest.json", kind="model"),
+        artifact("train.log", kind="log", step=None),
+    ]
+    checkpoint = {"kind": "deepspeed", "step": 4, "uri": "/runs/j/checkpoints/step-00000004"}
+    assert [f.name for f in checkpoint_files(artifacts, checkpoint)] == [
+        "global_step4/mp_rank_00_model_states.pt",
+        "latest",
+        "tuneq-manifest.json",
+    ]
+    with pytest.raises(ClientError, match="lists no files of the adapter checkpoint at step 4"):
+        checkpoint_files(artifacts, {**checkpoint, "kind": "adapter"})
+    sneaky = [artifact("checkpoints/step-00000004/../../../etc/passwd"), artifacts[2]]
+    with pytest.raises(ClientError, match="not a file name to write here"):
+        checkpoint_files(sneaky, checkpoint)
 
 
-@pytest.mark.parametrize("uri", ["/nowhere/runs/j/model", "s3://bucket/runs/j/model"])
-def test_a_checkpoint_this_host_cannot_read(tmp_path: Path, uri: str) -> None:
-    with pytest.raises(ClientError, match="on the server; this client cannot read it: run on the server host"):
-        copy_checkpoint({"step": 1, "kind": "model", "uri": uri, "bytes": 1}, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+# ---- downloads from a real API (uvicorn in a thread, SQLite, the local artifact store) ----------
+
+
+@dataclass
+class Recorder:
+    """The API app, recording each request: its path, headers, status and the body bytes sent."""
+
+    app: Any
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        entry: dict[str, Any] = {"path": scope["path"], "headers": headers, "status": None, "sent": 0}
+        self.requests.append(entry)
+
+        async def counting(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                entry["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                entry["sent"] += len(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive, counting)
+
+    def downloads(self, name: str) -> list[dict[str, Any]]:
+        """The GETs of artifact files whose path ends with ``name``."""
+        return [r for r in self.requests if "/artifacts/" in r["path"] and r["path"].endswith(f"/{name}")]
+
+
+@dataclass
+class ServedApi:
+    url: str
+    recorder: Recorder
+    job_id: str
+    sources: Path
+
+    def publish(self, kind: str, step: int, directory: str, files: dict[str, bytes]) -> dict[str, bytes]:
+        """Publish a checkpoint as the worker does (its files, the manifest last, then one
+        commit); returns what its directory holds, manifest included."""
+        source = self.sources / directory
+        for name, data in files.items():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes(data)
+        manifest = CheckpointManifest.describe(
+            source, step=step, tag=f"step-{step:08d}", kind=kind, world_size=1, created_at=utcnow().isoformat()
+        )
+        manifest.write(source)
+        store = ArtifactStore.from_settings(get_settings())
+        names = [*sorted(files), CheckpointManifest.FILENAME]
+        stored = [
+            (f"{directory}/{n}", store.put_file(source / n, job_key(self.job_id, f"{directory}/{n}"))) for n in names
+        ]
+        with Session(get_engine()) as session:
+            commit_checkpoint(
+                session,
+                job_id=uuid.UUID(self.job_id),
+                kind=CheckpointKind(kind),
+                step=step,
+                uri=store.uri_of(job_key(self.job_id, directory)),
+                files=stored,
+                created_at=utcnow(),
+            )
+            session.commit()
+        return {**files, CheckpointManifest.FILENAME: (source / CheckpointManifest.FILENAME).read_bytes()}
+
+    def stored(self, path: str) -> Path:
+        """The store's copy of a file of the job (the default store: TUNEQ_HOME/runs)."""
+        return get_settings().runs_dir / self.job_id / path
+
+
+@pytest.fixture
+def served(tuneq_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServedApi]:
+    import uvicorn
+
+    from api.main import create_app
+
+    monkeypatch.setenv("TUNEQ_DATABASE_URL", f"sqlite:///{tuneq_home / 'tuneq.sqlite'}")
+    clear_caches()
+    init_db()  # what the app's lifespan does (left off: it also warms DeepSpeed's config parser)
+    with Session(get_engine()) as session:
+        job = Job(model="m", dataset="d", deepspeed_config={}, num_gpus=1, training={}, status=JobStatus.succeeded)
+        session.add(job)
+        session.commit()
+        job_id = str(job.id)
+    recorder = Recorder(create_app())
+    port = free_port()
+    config = uvicorn.Config(recorder, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.02)
+    yield ServedApi(url=f"http://127.0.0.1:{port}", recorder=recorder, job_id=job_id, sources=tmp_path / "sources")
+    server.should_exit = True
+    thread.join(10)
+
+
+# Bigger than a chunk of the server (1 MiB) and of the client, so files come in several.
+WEIGHTS = bytes(range(256)) * (3 * 4096 + 17)
+MODEL_FILES = {"config.json": b'{"model_type": "gpt_neo"}\n', "model.safetensors": WEIGHTS}
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def test_download_a_model_checkpoint(served: ServedApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    served.publish("deepspeed", 8, "checkpoints/step-00000008", {"latest": b"global_step8"})
+    expected = served.publish("model", 8, "model", MODEL_FILES)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    done = invoke(served.url, "download", served.job_id)
+    assert done.exit_code == 0, done.output
+    dest = workdir / f"tuneq-{served.job_id[:8]}-model-8"
+    assert tree(dest) == expected
+    assert [p.name for p in workdir.iterdir()] == [dest.name]  # no staging left
+    total = sum(len(data) for data in expected.values())
+    assert done.stdout == f"downloaded the model checkpoint at step 8 to {dest.name} (3 files, {total / 1e6:.1f} MB)\n"
+    assert done.stderr == ""  # not a terminal: no progress bar
+    (weights,) = served.recorder.downloads("model.safetensors")
+    assert weights["status"] == 200 and weights["sent"] == len(WEIGHTS) and "range" not in weights["headers"]
+
+    again = invoke(served.url, "download", served.job_id, "--model")
+    assert again.exit_code == EXIT_FAILED and "already exists and is not an empty directory" in again.stderr
+    assert len(served.recorder.downloads("model.safetensors")) == 1
+
+
+def test_a_download_cut_short_resumes(served: ServedApi, tmp_path: Path) -> None:
+    expected = served.publish("model", 8, "model", MODEL_FILES)
+    dest = tmp_path / "exported"
+    staging = tmp_path / ".exported.partial"  # what an interrupted `tuneq download ID exported` left
+    staging.mkdir()
+    half = len(WEIGHTS) // 2
+    (staging / "model.safetensors").write_bytes(WEIGHTS[:half])
+    (staging / "config.json").write_bytes(b"X" * len(MODEL_FILES["config.json"]))  # complete, but not the file
+    (staging / CheckpointManifest.FILENAME).write_bytes(expected[CheckpointManifest.FILENAME])  # complete and right
+    (staging / "stale.bin").write_bytes(b"from an earlier listing")
+
+    done = invoke(served.url, "download", served.job_id, str(dest), "--json")
+    assert done.exit_code == 0, done.output
+    answer = json.loads(done.stdout)
+    total = sum(len(data) for data in expected.values())
+    manifest_size = len(expected[CheckpointManifest.FILENAME])
+    assert answer["kind"] == "model" and answer["step"] == 8 and answer["output"] == str(dest)
+    assert (answer["files"], answer["bytes"], answer["resumed_bytes"]) == (3, total, half + manifest_size)
+    assert tree(dest) == expected and not staging.exists()
+    (weights,) = served.recorder.downloads("model.safetensors")
+    assert weights["headers"]["range"] == f"bytes={half}-"
+    assert weights["headers"]["if-range"] == f'"{hashlib.sha256(WEIGHTS).hexdigest()}"'
+    assert weights["status"] == 206 and weights["sent"] == len(WEIGHTS) - half  # only the second half
+    (config,) = served.recorder.downloads("config.json")
+    assert config["status"] == 200 and "range" not in config["headers"]  # fetched again, whole
+    assert served.recorder.downloads(CheckpointManifest.FILENAME) == []  # not fetched again
+
+
+def test_a_partial_copy_of_another_version_is_fetched_whole(served: ServedApi, tmp_path: Path) -> None:
+    served.publish("model", 8, "model", MODEL_FILES)
+    staging = tmp_path / ".exported.partial"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"an older export's bytes")
+    (staging / DOWNLOAD_STATE_NAME).write_text(json.dumps({"model/model.safetensors": "f" * 64}))
+    done = invoke(served.url, "download", served.job_id, "--output", str(tmp_path / "exported"), "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["resumed_bytes"] == 0
+    assert (tmp_path / "exported" / "model.safetensors").read_bytes() == WEIGHTS
+    assert not (tmp_path / "exported" / DOWNLOAD_STATE_NAME).exists()
+    (weights,) = served.recorder.downloads("model.safetensors")
+    assert weights["headers"]["if-range"] == f'"{"f" * 64}"' and weights["status"] == 200
+
+
+def test_a_checksum_mismatch_fails_and_leaves_no_destination(served: ServedApi, tmp_path: Path) -> None:
+    served.publish("model", 8, "model", MODEL_FILES)
+    served.stored("model/model.safetensors").write_bytes(WEIGHTS[::-1])  # changed in the store, same size
+    dest = tmp_path / "exported"
+    failed = invoke(served.url, "download", served.job_id, str(dest))
+    assert failed.exit_code == EXIT_FAILED, failed.output
+    assert "tuneq: model/model.safetensors is not the file the server lists" in failed.stderr
+    assert not dest.exists()
+    assert not (tmp_path / ".exported.partial" / "model.safetensors").exists()  # deleted, to be fetched anew
+
+
+def test_download_a_deepspeed_checkpoint_by_step(served: ServedApi, tmp_path: Path) -> None:
+    step4 = {"latest": b"global_step4", "global_step4/mp_rank_00_model_states.pt": b"state 4" * 1000}
+    expected = served.publish("deepspeed", 4, "checkpoints/step-00000004", step4)
+    served.publish("deepspeed", 8, "checkpoints/step-00000008", {"latest": b"global_step8"})
+    served.publish("model", 8, "model", MODEL_FILES)
+    by_step = invoke(served.url, "download", served.job_id, "--step", "4", "--output", str(tmp_path / "ds4"))
+    assert by_step.exit_code == 0, by_step.output
+    assert "downloaded the deepspeed checkpoint at step 4" in by_step.stdout
+    assert tree(tmp_path / "ds4") == expected
+    alias = invoke(
+        served.url, "download", served.job_id, str(tmp_path / "ds8"), "--checkpoint", "8", "--kind", "deepspeed"
+    )
+    assert alias.exit_code == 0, alias.output
+    assert (tmp_path / "ds8" / "latest").read_bytes() == b"global_step8"
+    missing = invoke(served.url, "download", served.job_id, "--step", "5", "--output", str(tmp_path / "ds5"))
+    assert missing.exit_code == EXIT_FAILED and "no checkpoint at step 5" in missing.stderr
+
+
+def test_the_progress_bar_on_a_terminal(served: ServedApi, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    expected = served.publish("model", 8, "model", MODEL_FILES)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    with TuneqClient(ClientSettings(url=served.url)) as client:
+        checkpoint = pick_checkpoint(client.checkpoints(served.job_id), step=None, kind=None)
+        plan = plan_download(client, served.job_id, checkpoint, tmp_path / "exported")
+        result = download_with_progress(client, plan, console=console)
+    total = sum(len(data) for data in expected.values())
+    assert (result.files, result.bytes, result.received_bytes, result.resumed_bytes) == (3, total, total, 0)
+    assert f"{total / 1e6:.1f}/{total / 1e6:.1f} MB" in out.getvalue()
+
+
+def test_a_redirect_sends_no_api_key_to_the_other_host(tmp_path: Path) -> None:
+    """A 307 to a presigned URL elsewhere: followed, with the Range but without the API key."""
+    data = b"0123456789" * 100
+    api, store = FakeApi(), FakeApi(host="127.0.0.2")  # another origin (all of 127/8 is loopback)
+
+    def presigned(h: Handler) -> None:
+        first = int(h.headers["Range"].removeprefix("bytes=").rstrip("-"))
+        h.send_response(206)
+        h.send_header("Content-Length", str(len(data) - first))
+        h.send_header("Content-Range", f"bytes {first}-{len(data) - 1}/{len(data)}")
+        h.end_headers()
+        h.wfile.write(data[first:])
+
+    def redirect(h: Handler) -> None:
+        h.send_response(307)
+        h.send_header("Location", f"{store.url}/bucket/key?X-Amz-Signature=abc")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    api.route("GET", f"/jobs/{JOB_ID}/artifacts/model/model.safetensors", redirect)
+    store.route("GET", "/bucket/key", presigned)
+    for fake in (api, store):
+        fake.thread.start()
+    try:
+        target = tmp_path / "model.safetensors"
+        target.write_bytes(data[:300])
+        file = RemoteFile("model/model.safetensors", "model.safetensors", len(data), hashlib.sha256(data).hexdigest())
+        with client_for(api, api_key="secret-key") as client:
+            fetched = client.fetch_artifact(JOB_ID, file, target)
+    finally:
+        for fake in (api, store):
+            fake.server.shutdown()
+            fake.server.server_close()
+    assert target.read_bytes() == data and (fetched.received, fetched.resumed) == (700, 300)
+    (asked,) = api.requests
+    (signed,) = store.requests
+    assert asked["headers"]["Authorization"] == "Bearer secret-key"
+    assert "Authorization" not in signed["headers"] and signed["headers"]["Range"] == "bytes=300-"
+
+
+def test_a_dropped_download_keeps_what_arrived(api: FakeApi, tmp_path: Path) -> None:
+    data = b"x" * 5000
+
+    def cut_off(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data[:2000])
+        h.wfile.flush()
+        h.close_connection = True
+
+    api.route("GET", f"/jobs/{JOB_ID}/artifacts/model/model.safetensors", cut_off)
+    target = tmp_path / "model.safetensors"
+    file = RemoteFile("model/model.safetensors", "model.safetensors", len(data), hashlib.sha256(data).hexdigest())
+    with client_for(api) as client, pytest.raises(ServerUnreachable):
+        client.fetch_artifact(JOB_ID, file, target)
+    assert target.read_bytes() == data[:2000]  # for the next try to continue
 
 
 # ---- the commands -----------------------------------------------------------------------------
 
 
-def invoke(api: FakeApi | None, *args: str) -> Any:
-    url = api.url if api else f"http://127.0.0.1:{free_port()}"
+def invoke(api: FakeApi | str | None, *args: str) -> Any:
+    """The ``tuneq`` command against a FakeApi, an URL, or nothing listening."""
+    url = api.url if isinstance(api, FakeApi) else api or f"http://127.0.0.1:{free_port()}"
     return CliRunner().invoke(app, list(args), env={"TUNEQ_URL": url, "TUNEQ_API_KEY": ""})
 
 
@@ -591,19 +894,12 @@ def test_logs_follow_streams_lines(api: FakeApi) -> None:
     assert api.requests[0]["query"] == "tail=5&follow=true"
 
 
-def test_download_where_the_runs_are_readable(api: FakeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = tmp_path / "runs" / "j" / "model"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text("{}")
-    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": [{**CHECKPOINTS[2], "uri": str(model)}, CHECKPOINTS[0]]})
-    monkeypatch.chdir(tmp_path)
-    done = invoke(api, "download", JOB_ID)
-    assert done.exit_code == 0, done.output
-    assert (tmp_path / f"tuneq-{JOB_ID[:8]}-model-10" / "config.json").exists()
-    remote = invoke(api, "download", JOB_ID, "--kind", "deepspeed", "--checkpoint", "5")
-    assert remote.exit_code == EXIT_FAILED
-    assert "checkpoint is at /runs/j/checkpoints/step-00000005 on the server" in remote.stderr
+def test_download_usage_errors(api: FakeApi, tmp_path: Path) -> None:
+    both = invoke(api, "download", JOB_ID, str(tmp_path / "a"), "--output", str(tmp_path / "b"))
+    assert both.exit_code == 2 and "Invalid value for DEST, --output: both name the" in both.output
     assert invoke(api, "download", JOB_ID, "--kind", "weights").exit_code == 2
+    assert invoke(api, "download", JOB_ID, "--model", "--kind", "adapter").exit_code == 2
+    assert api.requests == [] and list(tmp_path.iterdir()) == []
 
 
 def test_unreachable_and_unknown(api: FakeApi) -> None:

@@ -109,11 +109,13 @@ def test_submit_follow_show_jobs_logs_download(service: Tuneq, home: Path, workd
     assert logs.returncode == 0 and 0 < len(logs.stdout.splitlines()) <= 15
 
     run_dir = home / "runs" / job_id
-    done = tuneq(service, workdir, "download", job_id, "--output", "exported")
+    done = tuneq(service, workdir, "download", job_id, "exported")  # over HTTP, checked file by file
     assert done.returncode == 0, done.stderr
     exported = workdir / "exported"
-    assert "copied the model checkpoint at step 5" in done.stdout and exported.is_dir()
+    assert "downloaded the model checkpoint at step 5 to exported (" in done.stdout and exported.is_dir()
     assert not exported.resolve().is_relative_to(run_dir)
+    manifest = json.loads((exported / "tuneq-manifest.json").read_text())
+    assert sorted(p.name for p in exported.iterdir()) == sorted([*manifest["files"], "tuneq-manifest.json"])
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(exported, use_safetensors=True)
