@@ -100,6 +100,7 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
         model = next(c["uri"] for c in checkpoints if c["kind"] == "model")
         echo(f"fine-tuned model: {model}")
         echo(f'load it with: AutoModelForCausalLM.from_pretrained("{model}")')
+        echo(f"or download it: TUNEQ_URL=http://127.0.0.1:{port} tuneq download {job['id']} DEST")
         return 0
     finally:
         os.killpg(dev.pid, signal.SIGTERM)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,9 @@ def test_demo_runs_the_seed_job_and_stops_the_service(tmp_path: Path) -> None:
     logged = service_log.read_text(errors="replace")
     assert "worker" in logged and "ERROR" not in logged, logged[-3000:]
     model = next(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("fine-tuned model:"))
+    assert re.search(
+        r"^or download it: TUNEQ_URL=http://127\.0\.0\.1:\d+ tuneq download [0-9a-f-]{36} DEST$", result.stdout, re.M
+    )
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(model, use_safetensors=True)
