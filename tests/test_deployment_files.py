@@ -8,6 +8,7 @@ setting is documented and passed, and that the image installs with the Makefile'
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,10 @@ WIRED = {"home", "database_url", "broker_url", "allowed_roots"}
 NON_SETTINGS_TUNEQ_VARS: set[str] = set()
 RUNS_MOUNT = "/var/lib/tuneq"
 
-# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME
-_INTERPOLATION = re.compile(
-    r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)"
-)
+# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME;
+# a default may itself interpolate (${A:-s3://${B:-x}/runs}), as Compose v2 allows.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPERATOR = re.compile(r":?[-?]")
 _ASSIGNMENT = re.compile(r"^(?P<commented>#\s*)?(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>.*)$")
 
 
@@ -41,29 +42,88 @@ class MissingVariable(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Reference:
+    """One ${NAME<op><arg>} or $NAME of a compose value; ``arg`` is still to be interpolated."""
+
+    name: str
+    op: str | None
+    arg: str
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """The index of the } that closes a ${ whose operand starts at ``start``, past nested ${...}."""
+    depth, i = 0, start
+    while i < len(text):
+        if text.startswith("$$", i):
+            i += 2
+            continue
+        if text.startswith("${", i):
+            depth, i = depth + 1, i + 2
+            continue
+        if text[i] == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return None
+
+
+def parse_value(text: str) -> list[str | Reference]:
+    """A compose value as literal text and the variable references in it, in order."""
+    parts: list[str | Reference] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            literal.append("$")
+            i += 2
+            continue
+        if text.startswith("${", i) and (name := _NAME.match(text, i + 2)):
+            op = _OPERATOR.match(text, name.end())
+            operand = op.end() if op else name.end()
+            end = _closing_brace(text, operand)
+            if end is not None and (op or end == name.end()):
+                parts += ["".join(literal), Reference(name.group(), op.group() if op else None, text[operand:end])]
+                literal, i = [], end + 1
+                continue
+        if text[i] == "$" and (name := _NAME.match(text, i + 1)):
+            parts += ["".join(literal), Reference(name.group(), None, "")]
+            literal, i = [], name.end()
+            continue
+        literal.append(text[i])
+        i += 1
+    return [*parts, "".join(literal)]
+
+
+def references(text: str) -> list[Reference]:
+    """Every variable reference of ``text``, those inside a default or an error message included."""
+    found = []
+    for part in parse_value(text):
+        if isinstance(part, Reference):
+            found += [part, *references(part.arg)]
+    return found
+
+
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's variable substitution, for the forms docker-compose.yml uses."""
 
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group("name") or match.group("bare")
-        op, arg = match.group("op"), match.group("arg") or ""
-        value = env.get(name)
-        missing = not value if op in (":-", ":?") else value is None
+    def substitute(ref: Reference) -> str:
+        value = env.get(ref.name)
+        missing = not value if ref.op in (":-", ":?") else value is None
         if not missing:
             return value or ""
-        if op in (":?", "?"):
-            raise MissingVariable(f"{name}: {arg}")
-        if op in (":-", "-"):
-            return arg
+        if ref.op in (":?", "?"):
+            raise MissingVariable(f"{ref.name}: {interpolate(ref.arg, env)}")
+        if ref.op in (":-", "-"):
+            return interpolate(ref.arg, env)
         return ""
 
-    return _INTERPOLATION.sub(substitute, text)
+    return "".join(part if isinstance(part, str) else substitute(part) for part in parse_value(text))
 
 
 def interpolated_names(text: str) -> set[str]:
-    return {m.group("name") or m.group("bare") for m in _INTERPOLATION.finditer(text) if m.group(0) != "$$"}
+    return {ref.name for ref in references(text)}
 
 
 def env_example_assignments(*, commented: bool) -> dict[str, str]:
@@ -283,7 +343,7 @@ def test_the_untouched_env_example_has_no_secrets_and_compose_refuses_it() -> No
         assert active[name] == "", f"{name} has a placeholder value in .env.example: leave it empty"
     with pytest.raises(MissingVariable):
         load_compose(active)
-    required = {m.group("name") for m in _INTERPOLATION.finditer(COMPOSE_TEXT) if m.group("op") == ":?"}
+    required = {ref.name for ref in references(COMPOSE_TEXT) if ref.op == ":?"}
     assert required <= active.keys()
 
 
@@ -328,3 +388,14 @@ def test_secrets_and_local_state_stay_out_of_the_build_context() -> None:
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".env", ".venv", ".git", ".tuneq"} <= ignored
     assert not ignored & {"Makefile", "pyproject.toml", "README.md"}  # what `make install` reads
+
+
+def test_the_tests_interpolate_as_compose_does() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("a${SET}b$SET$$SET", env) == "axbx$SET"
+    assert interpolate("${EMPTY:-d} ${EMPTY-d} ${UNSET-d} ${UNSET}", env) == "d  d "
+    assert interpolate("${UNSET:-s3://${SET:-y}/runs}|${SET:-s3://${UNSET:-y}/runs}", env) == "s3://x/runs|x"
+    assert interpolate("${UNSET:-s3://${UNSET:-y}/runs}", env) == "s3://y/runs"
+    with pytest.raises(MissingVariable):
+        interpolate("${EMPTY:?set it}", env)
+    assert interpolated_names("${A:-${B:-${C}}/x} $$D $E") == {"A", "B", "C", "E"}
