@@ -8,6 +8,7 @@ setting is documented and passed, and that the image installs with the Makefile'
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,17 @@ SERVICES = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "worke
 TUNEQ_SERVICES = ("migrate", "api", "worker")
 # Settings docker-compose.yml sets itself, to its services and volumes: not taken from .env.
 WIRED = {"home", "database_url", "broker_url", "allowed_roots"}
+# Settings compose points at its own services by default (overridable from .env), with their
+# default in compose, which .env.example shows; S3_BUCKET is .env.example's.
+COMPOSE_DEFAULTS = {"s3_endpoint_url": "http://minio:9000", "artifacts_uri": "s3://tuneq/runs"}
 # Read by the CLI from the environment rather than through Settings.
 NON_SETTINGS_TUNEQ_VARS: set[str] = set()
-RUNS_MOUNT = "/var/lib/tuneq"
+HOME_MOUNT = "/var/lib/tuneq"
 
-# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME
-_INTERPOLATION = re.compile(
-    r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)"
-)
+# $$ (a literal $), ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}, $NAME;
+# a default may itself interpolate (${A:-s3://${B:-x}/runs}), as Compose v2 allows.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPERATOR = re.compile(r":?[-?]")
 _ASSIGNMENT = re.compile(r"^(?P<commented>#\s*)?(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>.*)$")
 
 
@@ -41,29 +45,88 @@ class MissingVariable(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Reference:
+    """One ${NAME<op><arg>} or $NAME of a compose value; ``arg`` is still to be interpolated."""
+
+    name: str
+    op: str | None
+    arg: str
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """The index of the } that closes a ${ whose operand starts at ``start``, past nested ${...}."""
+    depth, i = 0, start
+    while i < len(text):
+        if text.startswith("$$", i):
+            i += 2
+            continue
+        if text.startswith("${", i):
+            depth, i = depth + 1, i + 2
+            continue
+        if text[i] == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return None
+
+
+def parse_value(text: str) -> list[str | Reference]:
+    """A compose value as literal text and the variable references in it, in order."""
+    parts: list[str | Reference] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            literal.append("$")
+            i += 2
+            continue
+        if text.startswith("${", i) and (name := _NAME.match(text, i + 2)):
+            op = _OPERATOR.match(text, name.end())
+            operand = op.end() if op else name.end()
+            end = _closing_brace(text, operand)
+            if end is not None and (op or end == name.end()):
+                parts += ["".join(literal), Reference(name.group(), op.group() if op else None, text[operand:end])]
+                literal, i = [], end + 1
+                continue
+        if text[i] == "$" and (name := _NAME.match(text, i + 1)):
+            parts += ["".join(literal), Reference(name.group(), None, "")]
+            literal, i = [], name.end()
+            continue
+        literal.append(text[i])
+        i += 1
+    return [*parts, "".join(literal)]
+
+
+def references(text: str) -> list[Reference]:
+    """Every variable reference of ``text``, those inside a default or an error message included."""
+    found = []
+    for part in parse_value(text):
+        if isinstance(part, Reference):
+            found += [part, *references(part.arg)]
+    return found
+
+
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's variable substitution, for the forms docker-compose.yml uses."""
 
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group("name") or match.group("bare")
-        op, arg = match.group("op"), match.group("arg") or ""
-        value = env.get(name)
-        missing = not value if op in (":-", ":?") else value is None
+    def substitute(ref: Reference) -> str:
+        value = env.get(ref.name)
+        missing = not value if ref.op in (":-", ":?") else value is None
         if not missing:
             return value or ""
-        if op in (":?", "?"):
-            raise MissingVariable(f"{name}: {arg}")
-        if op in (":-", "-"):
-            return arg
+        if ref.op in (":?", "?"):
+            raise MissingVariable(f"{ref.name}: {interpolate(ref.arg, env)}")
+        if ref.op in (":-", "-"):
+            return interpolate(ref.arg, env)
         return ""
 
-    return _INTERPOLATION.sub(substitute, text)
+    return "".join(part if isinstance(part, str) else substitute(part) for part in parse_value(text))
 
 
 def interpolated_names(text: str) -> set[str]:
-    return {m.group("name") or m.group("bare") for m in _INTERPOLATION.finditer(text) if m.group(0) != "$$"}
+    return {ref.name for ref in references(text)}
 
 
 def env_example_assignments(*, commented: bool) -> dict[str, str]:
@@ -156,7 +219,7 @@ def test_the_tuneq_processes_get_every_setting_and_reach_the_compose_services(
             env["POSTGRES_DB"],
         )
         assert environment["TUNEQ_BROKER_URL"] == f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0"
-        assert environment["TUNEQ_HOME"] == RUNS_MOUNT
+        assert environment["TUNEQ_HOME"] == HOME_MOUNT
         settings = settings_from(environment)
         assert not settings.uses_embedded_database and not settings.uses_embedded_broker
     postgres = services["postgres"]["environment"]
@@ -176,7 +239,7 @@ def test_compose_defaults_are_the_code_defaults(services: dict[str, Any]) -> Non
         if field in WIRED:
             continue
         value = getattr(Settings.model_validate({field: environment[setting_var(field)]}), field)
-        expected = "http://minio:9000" if field == "s3_endpoint_url" else info.default
+        expected = COMPOSE_DEFAULTS.get(field, info.default)
         assert value == expected, f"compose passes {setting_var(field)}={value!r}, the code default is {expected!r}"
 
 
@@ -190,26 +253,49 @@ def test_the_worker_has_the_gpus_shared_memory_locked_memory_and_s3(
     assert size and int(size.group(1)) >= 8, f"shm_size {worker['shm_size']} is too small for NCCL and DataLoaders"
     assert worker.get("ipc") != "host"  # ipc: host would ignore shm_size
     assert worker["ulimits"]["memlock"] == -1
-    environment = worker["environment"]
-    assert environment["TUNEQ_S3_ENDPOINT_URL"] == "http://minio:9000"
-    # The S3 user minio-init creates is the one the worker signs with.
     init = services["minio-init"]["environment"]
-    assert environment["AWS_ACCESS_KEY_ID"] == init["S3_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"]
-    assert environment["AWS_SECRET_ACCESS_KEY"] == init["S3_SECRET_ACCESS_KEY"] == env["AWS_SECRET_ACCESS_KEY"]
     assert init["S3_BUCKET"] == env["S3_BUCKET"]
     assert "mc mb --ignore-existing" in services["minio-init"]["command"][0]
-    # The API only checks dataset URIs; S3 credentials stay with the workers.
-    assert "AWS_SECRET_ACCESS_KEY" not in services["api"]["environment"]
-
-
-def test_api_and_worker_share_the_runs_volume_and_state_has_named_volumes(
-    compose: dict[str, Any], services: dict[str, Any]
-) -> None:
+    # The API streams downloads from the store (and plans read s3:// datasets), the worker
+    # publishes to it: both sign with the S3 user minio-init creates, on compose's MinIO.
     for name in ("api", "worker"):
-        assert f"runs:{RUNS_MOUNT}" in services[name]["volumes"]  # the API reads what workers write
+        environment = services[name]["environment"]
+        assert environment["TUNEQ_S3_ENDPOINT_URL"] == "http://minio:9000", name
+        assert environment["AWS_ACCESS_KEY_ID"] == init["S3_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"], name
+        assert environment["AWS_SECRET_ACCESS_KEY"] == init["S3_SECRET_ACCESS_KEY"] == env["AWS_SECRET_ACCESS_KEY"]
+        assert environment["AWS_DEFAULT_REGION"] == env["AWS_DEFAULT_REGION"], name
+    # The migration touches no store: it gets no S3 secret.
+    assert "AWS_SECRET_ACCESS_KEY" not in services["migrate"]["environment"]
+
+
+def test_artifacts_go_to_minios_bucket_and_api_and_worker_share_no_state_volume(
+    compose: dict[str, Any], services: dict[str, Any], env: dict[str, str]
+) -> None:
+    bucket = services["minio-init"]["environment"]["S3_BUCKET"]
+    for name in TUNEQ_SERVICES:
+        settings = settings_from(services[name]["environment"])
+        assert settings.artifacts_uri == f"s3://{bucket}/runs", name
+        assert settings.s3_endpoint_url == "http://minio:9000", name
+    # The bucket follows S3_BUCKET, and .env may name another store.
+    moved = load_compose({**env, "S3_BUCKET": "models"})["services"]
+    assert moved["worker"]["environment"]["TUNEQ_ARTIFACTS_URI"] == "s3://models/runs"
+    assert moved["minio-init"]["environment"]["S3_BUCKET"] == "models"
+    elsewhere = load_compose({**env, "TUNEQ_ARTIFACTS_URI": "s3://elsewhere/tuneq"})["services"]
+    assert {elsewhere[n]["environment"]["TUNEQ_ARTIFACTS_URI"] for n in TUNEQ_SERVICES} == {"s3://elsewhere/tuneq"}
+
+    def mounts(name: str) -> dict[str, str]:
+        return {volume.split(":")[0]: volume for volume in services[name].get("volumes", [])}
+
+    api, worker = mounts("api"), mounts("worker")
+    # No named volume in both; the only common mount is the read-only input directory.
+    for source in api.keys() & worker.keys():
+        assert source.startswith((".", "/")) and api[source].endswith(":ro"), f"api and worker share {api[source]}"
+    assert worker["worker-home"] == f"worker-home:{HOME_MOUNT}"  # the worker's cache
+    assert api["api-home"] == f"api-home:{HOME_MOUNT}"  # the API's own (plans' datasets, `serve`'s runs dir)
+    assert "runs" not in compose["volumes"]
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
     assert "miniodata:/data" in services["minio"]["volumes"]
-    assert {"pgdata", "runs", "miniodata"} <= compose["volumes"].keys()
+    assert {"pgdata", "miniodata", "worker-home"} <= compose["volumes"].keys()
 
 
 def test_services_wait_on_healthchecks_and_on_the_one_shot_jobs(services: dict[str, Any]) -> None:
@@ -221,7 +307,9 @@ def test_services_wait_on_healthchecks_and_on_the_one_shot_jobs(services: dict[s
         "api": {
             "postgres": "service_healthy",
             "redis": "service_healthy",
+            "minio": "service_healthy",
             "migrate": "service_completed_successfully",
+            "minio-init": "service_completed_successfully",
         },
         "worker": {
             "postgres": "service_healthy",
@@ -263,12 +351,11 @@ def test_every_setting_is_in_env_example_with_its_default() -> None:
     assert stale <= NON_SETTINGS_TUNEQ_VARS, f".env.example lists {sorted(stale)}, which are no settings"
     commented = env_example_assignments(commented=True)
     for field, info in Settings.model_fields.items():
-        if field in WIRED or field == "s3_endpoint_url":
+        if field in WIRED:
             continue
         value = getattr(Settings.model_validate({field: commented[setting_var(field)]}), field)
-        assert value == info.default, (
-            f".env.example shows {setting_var(field)}={value!r}, the default is {info.default!r}"
-        )
+        expected = COMPOSE_DEFAULTS.get(field, info.default)
+        assert value == expected, f".env.example shows {setting_var(field)}={value!r}, the default is {expected!r}"
     # Each documented variable has its one-line comment right above it.
     lines = ENV_EXAMPLE_TEXT.splitlines()
     for i, line in enumerate(lines):
@@ -283,7 +370,7 @@ def test_the_untouched_env_example_has_no_secrets_and_compose_refuses_it() -> No
         assert active[name] == "", f"{name} has a placeholder value in .env.example: leave it empty"
     with pytest.raises(MissingVariable):
         load_compose(active)
-    required = {m.group("name") for m in _INTERPOLATION.finditer(COMPOSE_TEXT) if m.group("op") == ":?"}
+    required = {ref.name for ref in references(COMPOSE_TEXT) if ref.op == ":?"}
     assert required <= active.keys()
 
 
@@ -328,3 +415,14 @@ def test_secrets_and_local_state_stay_out_of_the_build_context() -> None:
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".env", ".venv", ".git", ".tuneq"} <= ignored
     assert not ignored & {"Makefile", "pyproject.toml", "README.md"}  # what `make install` reads
+
+
+def test_the_tests_interpolate_as_compose_does() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("a${SET}b$SET$$SET", env) == "axbx$SET"
+    assert interpolate("${EMPTY:-d} ${EMPTY-d} ${UNSET-d} ${UNSET}", env) == "d  d "
+    assert interpolate("${UNSET:-s3://${SET:-y}/runs}|${SET:-s3://${UNSET:-y}/runs}", env) == "s3://x/runs|x"
+    assert interpolate("${UNSET:-s3://${UNSET:-y}/runs}", env) == "s3://y/runs"
+    with pytest.raises(MissingVariable):
+        interpolate("${EMPTY:?set it}", env)
+    assert interpolated_names("${A:-${B:-${C}}/x} $$D $E") == {"A", "B", "C", "E"}
