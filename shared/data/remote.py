@@ -139,7 +139,16 @@ def parse_dataset_uri(uri: str, settings: Settings) -> RemoteDataset | None:
     _check_characters(uri)
     normalized = scheme + uri[len(scheme) :]
     if scheme == "s3":
-        return _parse_s3(normalized)
+        remote = _parse_s3(normalized)
+        store = settings.artifacts_uri.rstrip("/")
+        if store.startswith("s3://") and (remote.uri == store or remote.uri.startswith(store + "/")):
+            # Every job's checkpoints live there, read with the workers' credentials: a dataset
+            # URI must not become a way into another owner's artifacts.
+            raise DatasetSourceError(
+                f"dataset URI '{shown_uri(uri)}' is inside tuneq's artifact store ({store}): datasets cannot "
+                "be read from it; copy the file elsewhere, or download a job's files with GET /jobs/{id}/artifacts"
+            )
+        return remote
     if scheme == "https":
         return _parse_https(normalized, settings)
     if scheme == "hf":

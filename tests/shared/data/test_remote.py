@@ -135,6 +135,17 @@ def test_refused_uris_name_the_problem(tmp_path: Path, uri: str, fragment: str) 
     assert "secret" not in message
 
 
+def test_a_dataset_cannot_be_read_from_the_artifact_store(tmp_path: Path) -> None:
+    """Every job's checkpoints are there, readable with the workers' credentials."""
+    settings = make_settings(tmp_path, artifacts_uri="s3://tuneq/runs")
+    for uri in ("s3://tuneq/runs/0b7e.../model/model.safetensors", "S3://tuneq/runs/x/train.log"):
+        with pytest.raises(DatasetSourceError, match="inside tuneq's artifact store"):
+            parse_dataset_uri(uri, settings)
+    # Beside it is fine: the same bucket, another prefix (or a prefix that only starts alike).
+    for uri in ("s3://tuneq/datasets/train.jsonl", "s3://tuneq/runs-old/train.jsonl"):
+        assert parse_dataset_uri(uri, settings) is not None
+
+
 def test_https_needs_the_operator_to_enable_it(tmp_path: Path) -> None:
     with pytest.raises(DatasetSourceError, match="TUNEQ_ALLOWED_HTTPS_HOSTS"):
         parse_dataset_uri("https://data.example.com/train.jsonl", make_settings(tmp_path))
