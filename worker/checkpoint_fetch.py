@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, job_key, sha256_of
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError, job_key, sha256_of
 from shared.db.artifacts import checkpoint_files
 from shared.db.engine import session_scope
 from shared.db.models import ArtifactKind
@@ -22,11 +24,25 @@ from shared.jobs.run_layout import RunLayout
 
 logger = logging.getLogger(__name__)
 
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
 
-def fetch_checkpoint(*, store: ArtifactStore, job_id: uuid.UUID, layout: RunLayout, step: int) -> Path:
+
+def fetch_checkpoint(
+    *,
+    store: ArtifactStore,
+    job_id: uuid.UUID,
+    layout: RunLayout,
+    step: int,
+    keep_alive: Callable[[], None] = lambda: None,
+    deadline_seconds: float = 0.0,
+) -> Path:
     """The directory of ``job_id``'s committed DeepSpeed checkpoint at ``step`` under
-    ``layout`` (that job's run directory on this host), every file checked. Raises
-    ArtifactIntegrityError when a file is not the one that was published."""
+    ``layout`` (that job's run directory on this host), every file checked. A store that fails
+    is retried with backoff for up to ``deadline_seconds`` (``keep_alive`` is called between
+    tries: it keeps the job's lease, and may raise to end the wait). Raises
+    ArtifactIntegrityError when a file is not the one that was published, ArtifactStoreError
+    when the store stayed unreachable."""
     with session_scope() as session:
         files = checkpoint_files(session=session, job_id=job_id, kind=ArtifactKind.deepspeed, step=step)
     if not files:
@@ -36,12 +52,42 @@ def fetch_checkpoint(*, store: ArtifactStore, job_id: uuid.UUID, layout: RunLayo
         local = layout.root / artifact.path
         if local.is_file() and local.stat().st_size == artifact.size and sha256_of(local) == artifact.sha256:
             continue
-        store.get_file(job_key(job_id, artifact.path), local, sha256=artifact.sha256)
+        key = job_key(job_id, artifact.path)
+        _retrying(
+            lambda: store.get_file(key, local, sha256=artifact.sha256),  # noqa: B023 (called at once)
+            store=store,
+            keep_alive=keep_alive,
+            deadline_seconds=deadline_seconds,
+        )
         fetched += 1
     directory = layout.checkpoints_dir / layout.checkpoint_tag(step)
     if fetched:
         logger.info("job %s: fetched %d of %d files of %s from %s", job_id, fetched, len(files), directory, store)
     return directory
+
+
+def _retrying(
+    action: Callable[[], None], *, store: ArtifactStore, keep_alive: Callable[[], None], deadline_seconds: float
+) -> None:
+    failing_since, delay = None, RETRY_FIRST_SECONDS
+    while True:
+        try:
+            action()
+            return
+        except ArtifactIntegrityError:
+            raise
+        except Exception as e:
+            now = time.monotonic()
+            failing_since = failing_since if failing_since is not None else now
+            if now + delay - failing_since > deadline_seconds:
+                raise ArtifactStoreError(
+                    f"the artifact store {store} stayed unreachable for more than {deadline_seconds:.0f}s "
+                    f"(TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS) while fetching the checkpoint to resume from: {e}"
+                ) from e
+            logger.warning("fetching from the artifact store %s failed (%s); retrying in %.0fs", store, e, delay)
+            keep_alive()
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_SECONDS)
 
 
 def drop_local_checkpoints_after(layout: RunLayout, step: int) -> list[Path]:

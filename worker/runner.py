@@ -13,11 +13,12 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
 from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import is_transient_database_error, session_scope
 from shared.db.lifecycle import (
@@ -212,7 +213,14 @@ class Attempt:
     log_offset: int  # where ingestion of train.log stopped (a lost attempt's last lines come next)
 
 
-def take_over(job: Job, layout: RunLayout, store: ArtifactStore) -> ResumePoint | None:
+def take_over(
+    job: Job,
+    layout: RunLayout,
+    store: ArtifactStore,
+    *,
+    keep_alive: Callable[[], None] = lambda: None,
+    deadline_seconds: float = 0.0,
+) -> ResumePoint | None:
     """Before attempt n > 1: finish ingesting what attempt n-1 wrote up to the newest
     checkpoint committed to the artifact store (its worker may have died before reading it),
     drop what it recorded after that step (this attempt trains those steps again), and make
@@ -238,7 +246,14 @@ def take_over(job: Job, layout: RunLayout, store: ArtifactStore) -> ResumePoint 
     if newest is None or tag is None:
         logger.info("job %s attempt %d starts over: no committed checkpoint", job.id, job.attempts)
         return None
-    fetch_checkpoint(store=store, job_id=job.id, layout=layout, step=from_step)
+    fetch_checkpoint(
+        store=store,
+        job_id=job.id,
+        layout=layout,
+        step=from_step,
+        keep_alive=keep_alive,
+        deadline_seconds=deadline_seconds,
+    )
     logger.info("job %s attempt %d resumes from %s", job.id, job.attempts, tag)
     return ResumePoint(checkpoints_dir=str(layout.checkpoints_dir), tag=tag, step=from_step)
 
@@ -297,17 +312,21 @@ def prepare_attempt(
         stale.unlink()  # a lost attempt's errors say nothing about this one
     layout.remove_incomplete_saves()  # what a lost attempt's ranks were writing when they died
     store = ArtifactStore.from_settings(settings)
-    resume = take_over(job, layout, store) if job.attempts > 1 else None
+    # Fetching and converting may take long: the lease is kept, and a cancel ends the attempt.
+    keep_alive = (lambda: _keep_alive(lease)) if lease is not None else (lambda: None)
+    deadline = settings.artifact_upload_deadline_seconds
+    resume = (
+        take_over(job, layout, store, keep_alive=keep_alive, deadline_seconds=deadline) if job.attempts > 1 else None
+    )
     start = None
     if resume is None and job.resume_from is not None:
-        # Converting may take long: the lease is kept, and a cancel ends the attempt.
         start = start_point(
             job.resume_from,
             num_gpus=job.num_gpus,
             layout=layout,
             settings=settings,
             store=store,
-            keep_alive=lambda: _keep_alive(lease) if lease is not None else None,
+            keep_alive=keep_alive,
         )
     training = TrainingOptions.model_validate(job.training)
     spec = TrainingSpec(
@@ -377,6 +396,10 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker
         except ArtifactIntegrityError as e:
             logger.error("job %s: %s", job.id, e)
             _finish(job.id, JobStatus.failed, ErrorCode.artifact_integrity, f"the checkpoint to resume from: {e}")
+            return
+        except ArtifactStoreError as e:
+            logger.error("job %s: %s", job.id, e)
+            _finish(job.id, JobStatus.failed, ErrorCode.artifact_store_unavailable, str(e))
             return
         except WorkerStopping:
             _release(job.id, job.attempts, reason="the worker running this job was stopped")

@@ -53,7 +53,15 @@ def start_point(
     source = RunLayout.for_job(settings, source_id)
     step = int(str(resume_from["step"]))
     tag = source.checkpoint_tag(step)
-    manifest = CheckpointManifest.read(fetch_checkpoint(store=store, job_id=source_id, layout=source, step=step))
+    fetched = fetch_checkpoint(
+        store=store,
+        job_id=source_id,
+        layout=source,
+        step=step,
+        keep_alive=keep_alive,
+        deadline_seconds=settings.artifact_upload_deadline_seconds,
+    )
+    manifest = CheckpointManifest.read(fetched)
     if manifest is None:
         raise InputProblem(f"resume_from: the checkpoint of job {source_id} at step {step} has no manifest")
     if manifest.world_size == num_gpus:

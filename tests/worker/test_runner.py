@@ -296,3 +296,51 @@ def test_the_disk_check_follows_the_setting(tmp_path: Path, monkeypatch: pytest.
     get_settings.cache_clear()
     assert disk_problem(get_settings()) is None
     get_settings.cache_clear()
+
+
+class UnreachableStore(ArtifactStore):
+    """A local store whose reads fail ``failures`` times (then work), as a store restarting."""
+
+    def __init__(self, root: Path, *, failures: int) -> None:
+        super().__init__(str(root))
+        self.failures = failures
+
+    def get_file(self, key: str, target: Path, *, sha256: str) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("connection refused")
+        super().get_file(key, target, sha256=sha256)
+
+
+def test_a_resume_waits_out_a_store_outage_up_to_the_deadline(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.artifacts.store import ArtifactStoreError
+    from worker import checkpoint_fetch
+    from worker.checkpoint_fetch import fetch_checkpoint
+
+    monkeypatch.setattr(checkpoint_fetch, "RETRY_FIRST_SECONDS", 0.05)
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+        committed_checkpoint(session, ArtifactStore(str(tmp_path / "store")), RunLayout(tmp_path / "old"), job, 10)
+        session.commit()
+    kept_alive: list[bool] = []
+
+    back_soon = UnreachableStore(tmp_path / "store", failures=2)
+    layout = RunLayout(tmp_path / "new" / str(job.id))
+    directory = fetch_checkpoint(
+        store=back_soon,
+        job_id=job.id,
+        layout=layout,
+        step=10,
+        keep_alive=lambda: kept_alive.append(True),
+        deadline_seconds=30,
+    )
+    assert (directory / "shard.pt").read_bytes() == bytes([10]) * 10
+    assert kept_alive == [True, True]  # the lease was renewed while waiting
+
+    gone = UnreachableStore(tmp_path / "store", failures=1000)
+    with pytest.raises(ArtifactStoreError, match=r"stayed unreachable for more than 0s.*connection refused"):
+        fetch_checkpoint(store=gone, job_id=job.id, layout=RunLayout(tmp_path / "third" / str(job.id)), step=10)
