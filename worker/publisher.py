@@ -68,7 +68,8 @@ class ArtifactPublisher:
         self._stop_at: float | None = None  # set when the attempt is abandoned: retry no more
         self._failing_since: float | None = None
         self.problem: str | None = None  # the store's error while it is failing
-        self.gave_up = False  # an outage outlasted the deadline: nothing more is published
+        self.gave_up = False  # an outage outlasted the deadline (or tuneq failed): nothing more is published
+        self.internal = False  # it gave up on tuneq's own failure, not the store's
         self._thread = threading.Thread(target=self._run, name=f"publish-{job_id}", daemon=True)
         self._thread.start()
 
@@ -106,9 +107,12 @@ class ArtifactPublisher:
                 self.gave_up = True
                 logger.warning("job %s: gave up publishing to %s: %s", self.job_id, self.store, self.problem)
                 return
-            except Exception:
-                # Not the store's fault (a manifest that vanished, a bug): log it, go on with the next.
+            except Exception as e:
+                # Not the store's fault (a manifest that vanished, a bug in tuneq): the ranks would
+                # wait for this checkpoint forever, so the attempt ends as tuneq's failure.
                 logger.exception("job %s: publishing %s failed", self.job_id, getattr(item, "uri", item))
+                self.problem, self.gave_up, self.internal = f"{type(e).__name__}: {e}", True, True
+                return
 
     def _publish_checkpoint(self, event: CheckpointEvent) -> None:
         directory = Path(event.uri)

@@ -524,7 +524,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 process.stop(grace_seconds=settings.cancel_grace_seconds)
                 break
             if publisher.gave_up:  # the ranks would wait for it at their next save forever
-                ending = _store_unavailable(attempt, publisher, settings)
+                ending = _publishing_failed(attempt, publisher, settings)
                 process.stop(grace_seconds=STOP_GRACE_SECONDS)
                 break
             limit = attempt.max_duration_seconds
@@ -597,7 +597,7 @@ def _record_outcome(
             publisher.abandon()
             return  # the lease ran out: the reconciler requeues the job
     if publisher.finish(log=attempt.layout.log) is not None and ending.status == JobStatus.succeeded:
-        ending = _store_unavailable(attempt, publisher, settings)
+        ending = _publishing_failed(attempt, publisher, settings)
     while True:
         try:
             if ending.status == JobStatus.queued:
@@ -622,7 +622,11 @@ def _record_outcome(
         return
 
 
-def _store_unavailable(attempt: Attempt, publisher: ArtifactPublisher, settings: Settings) -> Ending:
+def _publishing_failed(attempt: Attempt, publisher: ArtifactPublisher, settings: Settings) -> Ending:
+    if publisher.internal:
+        logger.error("job %s: publishing its files failed: %s", attempt.job_id, publisher.problem)
+        message = "tuneq failed while publishing the job's files to the artifact store; the worker log has the details"
+        return Ending(JobStatus.failed, ErrorCode.internal_error, message)
     message = (
         f"the artifact store {publisher.store} stayed unreachable for more than "
         f"{settings.artifact_upload_deadline_seconds:.0f}s (TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS): "

@@ -107,3 +107,24 @@ def test_a_checkpoint_whose_upload_never_finished_is_never_listed(database_url: 
     assert [e.data["state"] for e in events] == ["retrying"]
     assert not layout.published_marker("step-00000010").exists()  # the ranks would still wait
     assert (layout.checkpoints_dir / "step-00000010" / "model_states.pt").exists()  # kept for a retry
+
+
+def test_a_checkpoint_that_cannot_be_published_for_another_reason_ends_the_attempt(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The ranks would wait for it forever: the publisher stops, as tuneq's own failure."""
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = new_job(session)
+    layout = RunLayout(tmp_path / "worker" / str(job.id))
+    publisher = ArtifactPublisher(
+        job_id=job.id,
+        layout=layout,
+        store=ArtifactStore(str(tmp_path / "store")),
+        deadline_seconds=5,
+        keep_checkpoints=3,
+    )
+    event = saved(layout, 10)
+    (layout.checkpoints_dir / "step-00000010" / CheckpointManifest.FILENAME).unlink()  # gone under it
+    publisher.submit(event)
+    assert publisher.finish(log=None) is not None
+    assert publisher.gave_up and publisher.internal and "has no manifest" in (publisher.problem or "")
