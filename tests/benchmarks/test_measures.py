@@ -39,6 +39,23 @@ def test_a_missed_check_says_by_how_much() -> None:
     assert Check("p99", Stat.of([10.0]), "<=", 20.0, unit=" ms").missed_by is None
 
 
+def test_a_reported_figure_is_neither_met_nor_missed() -> None:
+    from rich.console import Console
+
+    from benchmarks.results import Result, print_table
+
+    reported = Check.reported("publish ÷ write time", Stat.of([3.0, 2.0, 4.0]))
+    assert reported.met is None and reported.missed_by is None
+    assert reported.as_json()["met"] is None and reported.as_json()["target"] is None
+    row = Result(id="B7", title="t", checks=[reported, Check("ratio", Stat.of([1.0]), ">=", 0.95)])
+    assert row.as_json()["met"] is True  # a figure without a target does not fail its row
+    missed = Result(id="B7", title="t", checks=[reported, Check("ratio", Stat.of([0.5]), ">=", 0.95)])
+    assert missed.as_json()["met"] is False
+    console = Console(record=True, width=200)
+    print_table([row], console=console)
+    assert "(reported)" in console.export_text()
+
+
 def test_the_variable_length_dataset_has_a_long_tail(tmp_path: Path) -> None:
     path = write_variable_length_dataset(tmp_path / "data.jsonl", records=256)
     words = [len(json.loads(line)["text"].split()) for line in path.read_text().splitlines()]
