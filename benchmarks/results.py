@@ -37,23 +37,32 @@ class Stat:
 
 @dataclass
 class Check:
-    """One target of a benchmark: a figure compared with a bound."""
+    """One target of a benchmark: a figure compared with a bound, or (``Check.reported``) a
+    figure the issue gives no target for, reported as it is."""
 
     name: str  # what the figure is, e.g. "rps ratio"
     stat: Stat
-    op: Literal[">=", "<="]
-    target: float
+    op: Literal[">=", "<="] | None  # None: no target
+    target: float | None
     unit: str = ""
 
+    @classmethod
+    def reported(cls, name: str, stat: Stat, *, unit: str = "") -> Check:
+        """A figure without a target: never met nor missed (``met`` is None), shown as "(reported)"."""
+        return cls(name, stat, None, None, unit)
+
     @property
-    def met(self) -> bool:
+    def met(self) -> bool | None:
+        """Whether the median is within the target; None for a figure without one."""
+        if self.op is None or self.target is None:
+            return None
         value = self.stat.median
         return value >= self.target if self.op == ">=" else value <= self.target
 
     @property
     def missed_by(self) -> str | None:
         """How far the median is from the target, when it misses: absolute and relative."""
-        if self.met:
+        if self.met is not False or self.target is None:
             return None
         gap = abs(self.stat.median - self.target)
         share = gap / self.target * 100 if self.target else float("inf")
@@ -78,7 +87,7 @@ class Result:
             "id": self.id,
             "title": self.title,
             "checks": [c.as_json() for c in self.checks],
-            "met": self.error is None and all(c.met for c in self.checks),
+            "met": self.error is None and all(c.met is not False for c in self.checks),
             "details": self.details,
             "error": self.error,
         }
@@ -143,8 +152,8 @@ def print_table(results: list[Result], *, console: Console | None = None) -> Non
                 r.id,
                 c.name,
                 f"{_fmt(s.median)}{c.unit} [{_fmt(s.min)}, {_fmt(s.max)}]",
-                f"{c.op} {_fmt(c.target)}{c.unit}",
-                "[green]yes[/green]" if c.met else "[red]no[/red]",
+                "(reported)" if c.target is None else f"{c.op} {_fmt(c.target)}{c.unit}",
+                "" if c.met is None else "[green]yes[/green]" if c.met else "[red]no[/red]",
                 c.missed_by or "",
             )
         if r.error is not None:

@@ -48,6 +48,12 @@ def _b5(repeats: int) -> list[Result]:
     return b5_events.run(repeats)
 
 
+def _b7(repeats: int) -> list[Result]:
+    from benchmarks import b7_artifacts
+
+    return b7_artifacts.run(repeats)
+
+
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "training": (("B1", "B6"), _b1_b6),
@@ -55,6 +61,7 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "startup": (("B3",), _b3),
     "api": (("B4",), _b4),
     "events": (("B5",), _b5),
+    "artifacts": (("B7",), _b7),
 }
 
 

@@ -188,14 +188,15 @@ def metric_times(metrics: list[dict[str, Any]]) -> list[float]:
 
 
 @contextlib.contextmanager
-def tuneq_dev(work: Path, env: dict[str, str]) -> Iterator[TuneqDev]:
-    """``tuneq dev`` in ``work/home``, allowed to read models and data anywhere under ``work``."""
-    home = work / "home"
+def tuneq_dev(work: Path, env: dict[str, str], *, home_name: str = "home") -> Iterator[TuneqDev]:
+    """``tuneq dev`` in ``work/<home_name>``, allowed to read models and data anywhere under
+    ``work`` (several may run side by side, each in its own home)."""
+    home = work / home_name
     home.mkdir(exist_ok=True)
     dev_env = {**env, "TUNEQ_HOME": str(home), "TUNEQ_AUTH": "off", "TUNEQ_ALLOWED_ROOTS": str(work)}
     for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):  # the embedded default
         dev_env.pop(var, None)
-    log = work / "tuneq-dev.log"
+    log = work / f"tuneq-dev-{home_name}.log" if home_name != "home" else work / "tuneq-dev.log"
     port = free_port()
     argv = [sys.executable, "-m", "cli.main", "dev", "--port", str(port)]
     with Server(argv, env=dev_env, log=log, port=port) as server:

@@ -39,6 +39,23 @@ def test_a_missed_check_says_by_how_much() -> None:
     assert Check("p99", Stat.of([10.0]), "<=", 20.0, unit=" ms").missed_by is None
 
 
+def test_a_reported_figure_is_neither_met_nor_missed() -> None:
+    from rich.console import Console
+
+    from benchmarks.results import Result, print_table
+
+    reported = Check.reported("publish ÷ write time", Stat.of([3.0, 2.0, 4.0]))
+    assert reported.met is None and reported.missed_by is None
+    assert reported.as_json()["met"] is None and reported.as_json()["target"] is None
+    row = Result(id="B7", title="t", checks=[reported, Check("ratio", Stat.of([1.0]), ">=", 0.95)])
+    assert row.as_json()["met"] is True  # a figure without a target does not fail its row
+    missed = Result(id="B7", title="t", checks=[reported, Check("ratio", Stat.of([0.5]), ">=", 0.95)])
+    assert missed.as_json()["met"] is False
+    console = Console(record=True, width=200)
+    print_table([row], console=console)
+    assert "(reported)" in console.export_text()
+
+
 def test_the_variable_length_dataset_has_a_long_tail(tmp_path: Path) -> None:
     path = write_variable_length_dataset(tmp_path / "data.jsonl", records=256)
     words = [len(json.loads(line)["text"].split()) for line in path.read_text().splitlines()]
@@ -72,3 +89,50 @@ def test_mfu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpu.peak_flops("NVIDIA H200") == 100e12
     times = [0.0, 5.0, 6.0, 7.0, 8.0]  # warm-up steps, then one step a second
     assert gpu.tokens_per_second(times, 8192) == pytest.approx(8192.0)
+
+
+def test_the_checkpoint_like_directory_is_distinct_random_files(tmp_path: Path) -> None:
+    from benchmarks.b7_artifacts import write_checkpoint_like
+
+    seconds = write_checkpoint_like(tmp_path / "ckpt", files=3, file_bytes=5000, chunk_bytes=2048)
+    files = sorted((tmp_path / "ckpt").iterdir())
+    assert [f.name for f in files] == ["part-00.pt", "part-01.pt", "part-02.pt"]
+    assert all(f.stat().st_size == 5000 for f in files)
+    assert len({f.read_bytes() for f in files}) == 3  # random bytes, not one file three times
+    assert seconds > 0
+
+
+def test_upload_waits_are_read_from_rank_0s_log_lines() -> None:
+    from benchmarks.b7_artifacts import upload_waits
+
+    lines = [
+        "2026-12-06 05:58:01,234 rank0 INFO waited 2.5s for the upload of step-00000003",
+        "2026-12-06 05:58:01,240 rank1 INFO waited 2.4s for the upload of step-00000003",  # the same wait
+        "2026-12-06 05:58:09,001 rank0 INFO waited 0.0s for the upload of step-00000006",
+        "2026-12-06 05:58:10,000 rank0 INFO saved checkpoint step-00000009",
+    ]
+    assert upload_waits(lines) == {3: 2.5, 6: 0.0}
+
+
+def test_only_waits_before_the_timed_saves_count() -> None:
+    from benchmarks.b7_artifacts import timed_wait_seconds
+
+    # Saves at 3, 6, 9, 12 and the final one at 14; steps 4..14 are timed. The wait for step 3's
+    # checkpoint is before the save of step 6 (timed); the wait for 12's is before the final save.
+    waits = {3: 1.0, 6: 2.0, 9: 4.0, 12: 8.0}
+    assert timed_wait_seconds(waits, every=3, warmup=4, steps=14) == 7.0
+    assert timed_wait_seconds({}, every=3, warmup=4, steps=14) == 0.0
+
+
+def test_checkpoint_bytes_is_the_newest_deepspeed_checkpoint() -> None:
+    from benchmarks.b7_artifacts import checkpoint_bytes
+
+    artifacts = [
+        {"kind": "deepspeed", "step": 12, "size": 100},
+        {"kind": "deepspeed", "step": 14, "size": 300},
+        {"kind": "deepspeed", "step": 14, "size": 5},
+        {"kind": "model", "step": 14, "size": 1000},
+        {"kind": "log", "step": None, "size": 7},
+    ]
+    assert checkpoint_bytes(artifacts) == 305
+    assert checkpoint_bytes([{"kind": "log", "step": None, "size": 7}]) == 0
