@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError, job_key, sha256_of
+from shared.artifacts.store import (
+    ArtifactIntegrityError,
+    ArtifactStore,
+    ArtifactStoreError,
+    StoreOutage,
+    job_key,
+    sha256_of,
+)
 from shared.db.artifacts import checkpoint_files
 from shared.db.engine import session_scope
 from shared.db.models import ArtifactKind
 from shared.jobs.run_layout import RunLayout
 
 logger = logging.getLogger(__name__)
-
-RETRY_FIRST_SECONDS = 1.0
-RETRY_MAX_SECONDS = 30.0
 
 
 def fetch_checkpoint(
@@ -69,7 +72,7 @@ def fetch_checkpoint(
 def _retrying(
     action: Callable[[], None], *, store: ArtifactStore, keep_alive: Callable[[], None], deadline_seconds: float
 ) -> None:
-    failing_since, delay = None, RETRY_FIRST_SECONDS
+    outage = StoreOutage()
     while True:
         try:
             action()
@@ -77,17 +80,15 @@ def _retrying(
         except ArtifactIntegrityError:
             raise
         except Exception as e:
-            now = time.monotonic()
-            failing_since = failing_since if failing_since is not None else now
-            if now + delay - failing_since > deadline_seconds:
+            outage.failed()
+            if outage.would_outlast(deadline_seconds):
                 raise ArtifactStoreError(
                     f"the artifact store {store} stayed unreachable for more than {deadline_seconds:.0f}s "
                     f"(TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS) while fetching the checkpoint to resume from: {e}"
                 ) from e
-            logger.warning("fetching from the artifact store %s failed (%s); retrying in %.0fs", store, e, delay)
+            logger.warning("fetching from the artifact store %s failed (%s); retrying in %.0fs", store, e, outage.delay)
             keep_alive()
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
+            outage.wait()
 
 
 def drop_local_checkpoints_after(layout: RunLayout, step: int) -> list[Path]:

@@ -21,14 +21,13 @@ import logging
 import queue
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from shared.artifacts.store import ArtifactStore, StoredFile, job_key
+from shared.artifacts.store import ArtifactStore, StoredFile, StoreOutage, job_key
 from shared.db.artifacts import checkpoints_past_retention, commit_checkpoint, forget_checkpoint, publish_files
 from shared.db.engine import session_scope
 from shared.db.lifecycle import record_event
@@ -39,9 +38,6 @@ from shared.jobs.run_layout import CheckpointManifest, RunLayout
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-RETRY_FIRST_SECONDS = 1.0
-RETRY_MAX_SECONDS = 30.0
 
 
 class PublishingStopped(Exception):
@@ -65,8 +61,8 @@ class ArtifactPublisher:
         self.keep_checkpoints = keep_checkpoints  # training.keep_checkpoints; None keeps all
         # Checkpoints, then "log" (the training log, at the end), then None (no more).
         self._queue: queue.Queue[CheckpointEvent | Literal["log"] | None] = queue.Queue()
-        self._stop_at: float | None = None  # set when the attempt is abandoned: retry no more
-        self._failing_since: float | None = None
+        self._abandoned = False  # the attempt ended without this worker: retry no more
+        self._outage = StoreOutage()
         self.problem: str | None = None  # the store's error while it is failing
         self.gave_up = False  # an outage outlasted the deadline (or tuneq failed): nothing more is published
         self.internal = False  # it gave up on tuneq's own failure, not the store's
@@ -91,7 +87,7 @@ class ArtifactPublisher:
     def abandon(self) -> None:
         """The attempt is over without an outcome of this worker's (lost lease, worker
         stopping): stop at the next retry; what is not committed does not count."""
-        self._stop_at = time.monotonic()
+        self._abandoned = True
         self._queue.put(None)
 
     # ---- the thread ------------------------------------------------------------------------
@@ -200,28 +196,22 @@ class ArtifactPublisher:
     def _retrying(self, action: Callable[[], T]) -> T:
         """``action`` until it succeeds, with backoff; the first failure of an outage and the
         recovery are job events."""
-        delay = RETRY_FIRST_SECONDS
         while True:
             try:
                 result = action()
             except Exception as e:
                 self.problem = f"{type(e).__name__}: {e}"
-                if self._failing_since is None:
-                    self._failing_since = time.monotonic()
+                if self._outage.failed():
                     logger.warning("job %s: the artifact store %s failed (%s); retrying", self.job_id, self.store, e)
                     self._event("retrying", f"the artifact store {self.store} failed ({e}); uploads are retried")
-                now = time.monotonic()
-                abandoned = self._stop_at is not None and now + delay > self._stop_at
-                if abandoned or now + delay - self._failing_since > self.deadline_seconds:
+                if self._abandoned or self._outage.would_outlast(self.deadline_seconds):
                     raise PublishingStopped from e
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                self._outage.wait()
                 continue
-            if self._failing_since is not None:
-                lasted = time.monotonic() - self._failing_since
+            if (lasted := self._outage.recovered()) is not None:
                 logger.info("job %s: the artifact store is back after %.0fs", self.job_id, lasted)
                 self._event("recovered", f"the artifact store {self.store} is back after {lasted:.0f}s")
-                self._failing_since, self.problem = None, None
+                self.problem = None
             return result
 
     def _event(self, state: str, message: str) -> None:

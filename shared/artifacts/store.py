@@ -19,10 +19,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from shared.settings import Settings
@@ -49,12 +50,61 @@ class StoredFile:
     sha256: str
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+class Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+D = TypeVar("D", bound=Digest)
+
+
+def hash_into(digest: D, path: Path) -> D:
+    """``digest`` updated with the bytes of ``path``, read a chunk at a time."""
     with path.open("rb") as f:
         while chunk := f.read(HASH_CHUNK_BYTES):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest
+
+
+def sha256_of(path: Path) -> str:
+    return hash_into(hashlib.sha256(), path).hexdigest()
+
+
+class StoreOutage:
+    """Failures of the store with no success between them, retried with backoff (1 s doubling
+    to 30 s): how long the outage has lasted decides when its caller gives up. The worker's
+    uploads (worker.publisher) and a resume's fetch (worker.checkpoint_fetch) share it."""
+
+    FIRST_SECONDS = 1.0
+    MAX_SECONDS = 30.0
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.delay = self.FIRST_SECONDS
+
+    def failed(self) -> bool:
+        """Note a failure; True when it begins an outage."""
+        if self.since is not None:
+            return False
+        self.since = time.monotonic()
+        return True
+
+    def would_outlast(self, deadline_seconds: float) -> bool:
+        """Whether waiting for the next try would take the outage past ``deadline_seconds``."""
+        return self.since is not None and time.monotonic() + self.delay - self.since > deadline_seconds
+
+    def wait(self) -> None:
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.MAX_SECONDS)
+
+    def recovered(self) -> float | None:
+        """Note a success: how long the outage it ends lasted (None when there was none)."""
+        if self.since is None:
+            return None
+        lasted = time.monotonic() - self.since
+        self.since, self.delay = None, self.FIRST_SECONDS
+        return lasted
 
 
 def s3_filesystem(settings: Settings) -> Any:

@@ -315,11 +315,10 @@ class UnreachableStore(ArtifactStore):
 def test_a_resume_waits_out_a_store_outage_up_to_the_deadline(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared.artifacts.store import ArtifactStoreError
-    from worker import checkpoint_fetch
+    from shared.artifacts.store import ArtifactStoreError, StoreOutage
     from worker.checkpoint_fetch import fetch_checkpoint
 
-    monkeypatch.setattr(checkpoint_fetch, "RETRY_FIRST_SECONDS", 0.05)
+    monkeypatch.setattr(StoreOutage, "FIRST_SECONDS", 0.05)
     with Session(get_engine(), expire_on_commit=False) as session:
         job = Job(model="a/b", dataset="/d", deepspeed_config={}, num_gpus=1, training={})
         session.add(job)
