@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 from urllib.parse import quote, urlparse
 
 import httpx
 import typer
 from httpx_sse import ServerSentEvent, connect_sse
 
+from shared.artifacts.store import hash_into, sha256_of
 from shared.db.models import TERMINAL_STATUSES
 from shared.jobs.run_layout import CheckpointManifest, write_json_atomic
 
@@ -305,7 +306,7 @@ class TuneqClient:
         target.parent.mkdir(parents=True, exist_ok=True)
         have = partial_bytes(target, file.size)
         if target.is_file() and have == file.size:
-            if _hash_file(hashlib.sha256(), target).hexdigest() == file.sha256:
+            if sha256_of(target) == file.sha256:
                 return FetchResult(received=0, resumed=have)
             logger.info("%s is complete but not the listed file: fetching it again", target)
             advance(-have)
@@ -315,7 +316,7 @@ class TuneqClient:
         if have:
             headers.update({"Range": f"bytes={have}-", "If-Range": f'"{partial_of or file.sha256}"'})
         url = f"/jobs/{job_id}/artifacts/{quote(file.path, safe='/')}"
-        digest: _Digest = hashlib.sha256()
+        digest = hashlib.sha256()
         received = 0
         try:
             with self._http.stream("GET", url, headers=headers, follow_redirects=True) as response:
@@ -323,7 +324,7 @@ class TuneqClient:
                     start = _range_start(response.headers.get("content-range"))
                     if start != have:
                         raise ClientError(f"asked for {file.path} from byte {have}; the server sent from byte {start}")
-                    _hash_file(digest, target)
+                    hash_into(digest, target)
                     mode = "ab"
                 elif response.status_code == 200:
                     if have:
@@ -605,7 +606,6 @@ def pick_checkpoint(checkpoints: list[dict[str, Any]], *, step: int | None, kind
 # Files of a checkpoint as the server lists them (GET /jobs/{id}/artifacts): each checkpoint
 # directory holds its manifest at its top level, so the manifest's directory is the checkpoint's.
 MANIFEST_NAME = CheckpointManifest.FILENAME
-HASH_CHUNK_BYTES = 1024 * 1024
 # In a staging directory: the version (SHA-256) each partial file is a copy of, so that its
 # resume asks the server to continue only that version (If-Range) and gets the whole file otherwise.
 DOWNLOAD_STATE_NAME = ".tuneq-download.json"
@@ -630,19 +630,6 @@ class RemoteFile:
 class FetchResult:
     received: int  # the bytes the server sent this time
     resumed: int  # the bytes kept from the copy that was already there
-
-
-class _Digest(Protocol):
-    def update(self, data: bytes, /) -> None: ...
-
-    def hexdigest(self) -> str: ...
-
-
-def _hash_file(digest: _Digest, path: Path) -> _Digest:
-    with path.open("rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest
 
 
 def partial_bytes(target: Path, size: int) -> int:
