@@ -10,7 +10,6 @@ rank sees it: DeepSpeed loads checkpoint state with pickle, so a file changed in
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -94,11 +93,7 @@ def _retrying(
 def drop_local_checkpoints_after(layout: RunLayout, step: int) -> list[Path]:
     """Remove local checkpoints past ``step``: saved by a lost attempt but never committed,
     they are trained again (and would otherwise mix stale files into the new saves)."""
-    dropped = []
-    for directory in sorted(layout.checkpoints_dir.glob("step-*")):
-        tail = directory.name.removeprefix("step-")
-        if directory.is_dir() and tail.isdigit() and int(tail) > step:
-            shutil.rmtree(directory, ignore_errors=True)
-            layout.published_marker(directory.name).unlink(missing_ok=True)
-            dropped.append(directory)
-    return dropped
+    later = {saved: directory for saved, directory in layout.local_checkpoints().items() if saved > step}
+    for saved in later:
+        layout.remove_local_checkpoint(saved)
+    return list(later.values())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import shutil
 import threading
 import uuid
 from collections.abc import Callable
@@ -166,18 +165,15 @@ class ArtifactPublisher:
         for step, paths in self._retrying(forget):
             keys = [job_key(self.job_id, p) for p in paths]
             self._retrying(lambda: self.store.delete(keys))  # noqa: B023 (called at once)
-            tag = self.layout.checkpoint_tag(step)
-            shutil.rmtree(self.layout.checkpoints_dir / tag, ignore_errors=True)
-            self.layout.published_marker(tag).unlink(missing_ok=True)
+            self.layout.remove_local_checkpoint(step)
             logger.info("job %s: deleted the checkpoint of step %d (%s)", self.job_id, step, reason)
 
     def _prune_local_copies(self, *, before: int) -> None:
         """The worker's disk is a cache of a remote store: once a checkpoint is published, the
         older local ones go (a resume takes the newest, from the store if need be)."""
-        for directory in self.layout.checkpoints_dir.glob("step-*"):
-            step = directory.name.removeprefix("step-")
-            if step.isdigit() and int(step) < before and self.layout.published_marker(directory.name).exists():
-                shutil.rmtree(directory, ignore_errors=True)
+        for step, directory in self.layout.local_checkpoints().items():
+            if step < before and self.layout.published_marker(directory.name).exists():
+                self.layout.remove_local_checkpoint(step)
 
     def _publish_log(self) -> None:
         name = self.layout.log.name

@@ -64,6 +64,21 @@ class RunLayout:
         the ranks wait for it before they save the next one."""
         return self.root / "published" / tag
 
+    def local_checkpoints(self) -> dict[int, Path]:
+        """The DeepSpeed checkpoint directories on this disk, by step, complete or not."""
+        found = {}
+        for directory in self.checkpoints_dir.glob("step-*"):
+            step = directory.name.removeprefix("step-")
+            if step.isdigit() and directory.is_dir():
+                found[int(step)] = directory
+        return dict(sorted(found.items()))
+
+    def remove_local_checkpoint(self, step: int) -> None:
+        """Delete this disk's copy of the checkpoint of ``step`` and its published marker."""
+        tag = self.checkpoint_tag(step)
+        shutil.rmtree(self.checkpoints_dir / tag, ignore_errors=True)
+        self.published_marker(tag).unlink(missing_ok=True)
+
     def remove_incomplete_saves(self) -> list[Path]:
         """Delete what saves that never finished left (a full disk, a killed rank): checkpoint
         directories without a manifest and half-written exports (``*.partial``). Nothing reads
