@@ -211,6 +211,7 @@ class Attempt:
     layout: RunLayout
     max_duration_seconds: int | None
     log_offset: int  # where ingestion of train.log stopped (a lost attempt's last lines come next)
+    store: ArtifactStore  # where its checkpoints came from and its saves go
 
 
 def take_over(
@@ -345,7 +346,7 @@ def prepare_attempt(
         cache_dir=str(settings.cache_dir),
     )
     write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
-    return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset)
+    return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset, store)
 
 
 def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker_id: str) -> None:
@@ -479,7 +480,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
     publisher = ArtifactPublisher(
         job_id=job_id,
         layout=layout,
-        store=ArtifactStore.from_settings(settings),
+        store=attempt.store,
         deadline_seconds=settings.artifact_upload_deadline_seconds,
         keep_checkpoints=attempt.spec.training.keep_checkpoints,
     )
