@@ -85,7 +85,7 @@ class RunLayout:
         them, and on a full disk they hold the space the next job needs. Only for the worker
         that owns the job, once its ranks are gone."""
         manifest = CheckpointManifest.FILENAME
-        incomplete = [d for d in self.checkpoints_dir.glob("step-*") if not (d / manifest).exists()]
+        incomplete = [d for d in self.local_checkpoints().values() if not (d / manifest).exists()]
         incomplete += [d for d in self.root.glob("*.partial") if d.is_dir()]
         for directory in incomplete:
             shutil.rmtree(directory, ignore_errors=True)
