@@ -29,10 +29,10 @@ demo: install
 TEST_WORKERS ?= 2
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 # A few hundred tiny jobs while Postgres and Redis restart and a worker stops (tests/soak.py):
 # every job run once, no 5xx but 503 + Retry-After, nothing left in /dev/shm or the process

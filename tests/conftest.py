@@ -32,8 +32,16 @@ BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow (end-to-end) tests first, in their order: with several test processes the
     longest files start at once and the quick ones fill the gaps, instead of a long file
-    starting last and running alone."""
+    starting last and running alone.
+
+    ``make test`` distributes by group (``--dist loadgroup``): a file's tests stay in one test
+    process, so a service its module fixture starts is started once, except in files marked
+    ``spread``, whose tests each start their own services and mostly wait (for a lease to
+    expire, a store to come back): those go one by one to whichever process is free."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        if item.get_closest_marker("spread") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
 
 
 def require_service(name: str, reason: str) -> None:

@@ -25,7 +25,7 @@ from tests.services import LoopbackS3, fresh_postgres_schema
 from .conftest import ARTIFACTS_BUCKET, s3_artifacts_env
 from .harness import Tuneq, wait_gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
 FAST_CONTROL = {
     "TUNEQ_LEASE_TTL_SECONDS": "6",

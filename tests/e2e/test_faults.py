@@ -21,7 +21,7 @@ from worker.tasks import WORKER_STOP_DEADLINE_SECONDS
 
 from .harness import Tuneq, wait_gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
 
 @pytest.fixture
