@@ -12,6 +12,7 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
 from shared.db.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
 from shared.db.models import (
@@ -180,6 +181,7 @@ def create_job(
         deepspeed_config=job_in.deepspeed_config,
         resolved_deepspeed_config=validated.deepspeed_config,
         num_gpus=job_in.num_gpus,
+        num_nodes=job_in.num_nodes,
         training=validated.training.model_dump(),
         max_restarts=job_in.max_restarts,
         idempotency_key=idempotency_key,
@@ -196,6 +198,10 @@ def create_job(
             return existing, False
         raise
     session.refresh(job)
+    if job.num_nodes > 1:
+        # A gang is placed, not published: on enough idle workers now, or by a later pass.
+        place_and_start(session=session, settings=settings)
+        return job, True
     queue = route_job(session=session, settings=settings, num_gpus=job.num_gpus)
     if queue is None:
         # No worker has been seen yet (a fresh deployment): the first one's reconciler publishes it.
@@ -237,13 +243,18 @@ class JobAnswer:
     body: bytes
 
 
+def job_public(*, session: Session, job: Job) -> JobPublic:
+    """The public shape of a job, with the nodes of a multi-node job's current attempt."""
+    return JobPublic.from_job(job, current_nodes(session=session, job=job))
+
+
 def job_answer(*, session: Session, job_id: uuid.UUID) -> JobAnswer | None:
     """What ``GET /jobs/{id}`` answers for the job, whoever asks: its owner, to compare with the
     caller's, and its public JSON body, encoded once for all the requests that share it."""
     job = session.get(Job, job_id)
     if job is None:
         return None
-    return JobAnswer(owner=job.owner, body=JobPublic.from_job(job).model_dump_json().encode())
+    return JobAnswer(owner=job.owner, body=job_public(session=session, job=job).model_dump_json().encode())
 
 
 def list_jobs(

@@ -129,14 +129,16 @@ def worker() -> None:
     _configure_logging()
     _prepare_database()
     _check_artifact_store()
-    queue = tasks.prepare_worker()
+    queues = tasks.prepare_worker()
     tasks.celery_app.worker_main(
         [
             "worker",
             "--loglevel=INFO",
             "--pool=prefork",
             "--concurrency=1",
-            f"--queues={queue}",  # its size's: jobs go to the smallest worker size that fits them
+            # Its size's (jobs go to the smallest worker size that fits them) and its own (the
+            # nodes of multi-node jobs placed on it).
+            f"--queues={','.join(queues)}",
             f"--hostname=tuneq-{os.getpid()}@{socket.gethostname()}",
             # Gossip and mingle need fanout exchanges, which the SQL broker lacks; jobs
             # coordinate through the database anyway.

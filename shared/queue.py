@@ -19,6 +19,8 @@ from shared.settings import Settings, get_settings
 logger = logging.getLogger(__name__)
 
 RUN_JOB_TASK = "tuneq.run_job"
+# One node of a multi-node job, sent to the worker it was placed on (shared.db.gangs).
+RUN_NODE_TASK = "tuneq.run_node"
 
 
 def redis_transport_options(settings: Settings) -> dict[str, float]:
@@ -80,8 +82,20 @@ def size_queue(settings: Settings, device_count: int) -> str:
     return f"{settings.queue}-{device_count}gpu"
 
 
+def node_queue(settings: Settings, worker_id: str) -> str:
+    """The queue only the worker ``worker_id`` consumes: the nodes of multi-node jobs placed on
+    it (``tuneq-node-host-123``)."""
+    return f"{settings.queue}-node-{worker_id.replace(':', '-')}"
+
+
 def enqueue_job(job_id: uuid.UUID, *, queue: str) -> None:
     get_celery().send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue, retry=True, retry_policy=PUBLISH_RETRY)
+
+
+def enqueue_node(job_id: uuid.UUID, *, attempt: int, node_rank: int, queue: str) -> None:
+    get_celery().send_task(
+        RUN_NODE_TASK, args=[str(job_id), attempt, node_rank], queue=queue, retry=True, retry_policy=PUBLISH_RETRY
+    )
 
 
 def declare_embedded_queue(queue: str, attempts: int = 5) -> None:

@@ -99,6 +99,24 @@ class Settings(BaseSettings):
     # to their next save); past it the job fails with artifact_store_unavailable, its local
     # files kept on the worker.
     artifact_upload_deadline_seconds: float = Field(default=600.0, ge=0)
+    # Multi-node jobs (shared.db.gangs). The address the other nodes of a job reach this
+    # worker's ranks at: empty, the host's primary address (that of its default route).
+    worker_address: str = ""
+    # Rendezvous ports (MASTER_PORT) a gang's node 0 listens on, "first-last": open them
+    # between the worker hosts.
+    gang_ports: str = Field(default="29500-29999", pattern=r"^\d{1,5}-\d{1,5}$")
+    # A placed gang whose every node has not started within this is released whole and retried.
+    gang_start_seconds: float = Field(default=120.0, gt=0)
+    # A rank that shows no sign of life for this long (stopped, or stuck outside a collective
+    # with the GIL held) fails its node, and with it the gang; a rank waiting in a collective
+    # still shows life. The bound on noticing a frozen or lost node is this plus a lease renewal.
+    rank_stall_seconds: float = Field(default=30.0, gt=0)
+    # The network interface NCCL and gloo use between nodes (NCCL_SOCKET_IFNAME,
+    # GLOO_SOCKET_IFNAME); empty: their own choice. DeepSpeed's collective timeout, in minutes
+    # (its default, 30: a long save on one rank keeps the others waiting in a barrier; a
+    # stopped rank is caught by rank_stall_seconds long before).
+    socket_ifname: str = ""
+    dist_timeout_minutes: int = Field(default=30, ge=1)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -117,6 +135,11 @@ class Settings(BaseSettings):
         if not self.artifacts_uri:
             self.artifacts_uri = str(self.runs_dir)
         return self
+
+    @property
+    def gang_port_range(self) -> tuple[int, int]:
+        first, _, last = self.gang_ports.partition("-")
+        return int(first), int(last)
 
     @property
     def runs_dir(self) -> Path:

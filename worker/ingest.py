@@ -123,6 +123,11 @@ class EventIngestor:
     store, so it goes to ``on_checkpoint`` (the attempt's publisher) after the poll that read it
     has committed. Without ``on_checkpoint`` (a lost attempt's leftovers) it is dropped: what
     that attempt's worker did not publish does not count.
+
+    ``training_events=False`` is a node other than node 0 of a multi-node job: global rank 0
+    (on node 0) reports the job's plan and metrics, so this node's worker records only its
+    ranks' log lines, and hands its own checkpoint saves to its publisher. Its progress (file
+    offsets) lives in memory, not on the job's row, which is node 0's.
     """
 
     def __init__(
@@ -135,8 +140,10 @@ class EventIngestor:
         log_offset: int = 0,
         up_to_step: int | None = None,
         on_checkpoint: Callable[[CheckpointEvent], None] | None = None,
+        training_events: bool = True,
     ) -> None:
         self.job_id = job_id
+        self.training_events = training_events
         self.on_checkpoint = on_checkpoint
         self.up_to_step = up_to_step
         self._events = FileTail(events_path, offset=events_offset)
@@ -181,7 +188,7 @@ class EventIngestor:
         checkpoints: list[CheckpointEvent] = []
         for event in events:
             superseded = self.up_to_step is not None and getattr(event, "step", 0) > self.up_to_step
-            if superseded:
+            if superseded or not (self.training_events or isinstance(event, CheckpointEvent)):
                 continue
             if isinstance(event, PlanEvent):
                 self._total_steps = progress["total_steps"] = event.total_steps
@@ -210,7 +217,8 @@ class EventIngestor:
         if rows:
             _insert_rows(session, JobEvent, rows)
             wake_streams_on_commit(session, self.job_id)  # COPY rows pass no ORM flush
-        record_progress(session=session, job_id=self.job_id, values=progress)
+        if self.training_events:
+            record_progress(session=session, job_id=self.job_id, values=progress)
         session.commit()
         if self.on_checkpoint is not None:
             for checkpoint in checkpoints:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -67,7 +68,33 @@ def torch_build_has_gpu_support() -> bool:
 
 def settings_environment(settings: Settings) -> dict[str, str]:
     """What the ranks get from tuneq's settings, beyond the worker's own environment."""
-    return {"HF_ENDPOINT": settings.hf_endpoint}  # hub models come from where hf:// datasets do
+    env = {"HF_ENDPOINT": settings.hf_endpoint}  # hub models come from where hf:// datasets do
+    if settings.socket_ifname:  # the interface the nodes of a multi-node job talk over
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = settings.socket_ifname
+    return env
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Where one worker's ranks sit in a job's world: node ``node_rank`` of ``num_nodes``, all
+    meeting at ``master_addr:master_port`` (node 0's; shared.db.gangs). The default is a
+    one-node job, whose ranks meet on loopback at a free port."""
+
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    def global_rank(self, local_rank: int, ranks_per_node: int) -> int:
+        return self.node_rank * ranks_per_node + local_rank
+
+    def hostfile(self, ranks_per_node: int) -> str:
+        """DeepSpeed's hostfile for ``--no_ssh``: the same on every node; the names only order
+        the nodes (the ranks meet at the master address)."""
+        return "".join(f"node-{n} slots={ranks_per_node}\n" for n in range(self.num_nodes))
+
+
+ONE_NODE = NodePlacement()  # a one-node job: its ranks meet on loopback
 
 
 def build_ops(hardware: Hardware) -> None:
@@ -76,22 +103,22 @@ def build_ops(hardware: Hardware) -> None:
     subprocess.run([sys.executable, "-m", "worker.deepspeed_ops"], env=env, check=True, timeout=1800)
 
 
-def launch_command(*, spec_path: Path, num_ranks: int, master_port: int) -> list[str]:
-    # ``python -m deepspeed.launcher.runner`` is the ``deepspeed`` console script, run with
-    # this interpreter so the ranks get the same environment as the worker.
-    return [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(num_ranks),
-        "--master_port",
-        str(master_port),
-        "--module",
-        TRAIN_MODULE,
-        "--spec",
-        str(spec_path),
-    ]
+def launch_command(
+    *, spec_path: Path, num_ranks: int, master_port: int, placement: NodePlacement = ONE_NODE
+) -> list[str]:
+    """DeepSpeed's launcher for this node's ``num_ranks`` ranks. ``python -m
+    deepspeed.launcher.runner`` is the ``deepspeed`` console script, run with this interpreter
+    so the ranks get the same environment as the worker. Across nodes it runs in its
+    multi-node mode without ssh: every node's worker starts its own node, with one hostfile."""
+    command = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    if placement.num_nodes > 1:
+        hostfile = spec_path.with_name("hostfile")
+        hostfile.write_text(placement.hostfile(num_ranks), encoding="utf-8")
+        command += ["--no_ssh", "--node_rank", str(placement.node_rank), "--hostfile", str(hostfile)]
+        command += ["--master_addr", placement.master_addr]
+    else:
+        command += ["--num_gpus", str(num_ranks)]
+    return [*command, "--master_port", str(master_port), "--module", TRAIN_MODULE, "--spec", str(spec_path)]
 
 
 # "9.0a" (arch-specific) and "10.0f" (family-specific) are CUDA 12.8+ targets torch accepts,
@@ -209,28 +236,42 @@ class Launcher:
         while self._warm is not None and time.monotonic() < deadline and not self._warm.settled(timeout=1.0):
             keep_alive()
 
-    def launch_ranks(self, *, spec_path: Path, num_ranks: int, log_path: Path, cwd: Path) -> RankGroup:
-        """Start one rank per device for the job whose spec is ``spec_path``."""
+    def launch_ranks(
+        self,
+        *,
+        spec_path: Path,
+        num_ranks: int,
+        log_path: Path,
+        cwd: Path,
+        placement: NodePlacement = ONE_NODE,
+    ) -> RankGroup:
+        """Start one rank per device of this node for the job whose spec is ``spec_path``."""
         env = {**rank_environment(self.hardware, num_ranks=num_ranks, worker_pid=os.getpid()), **self.settings_env}
-        master_port = free_port()
+        master_port = placement.master_port or free_port()
+        world_size = placement.num_nodes * num_ranks
         warm = self._usable_warm_start()
         if warm is not None:
             logger.info("forking %d ranks for %s from the warm start", num_ranks, spec_path)
             return warm.fork(
                 [
                     RankStart(
-                        env=launch_environment(env, rank=rank, num_ranks=num_ranks, master_port=master_port),
+                        env=launch_environment(
+                            env, local_rank=rank, num_ranks=num_ranks, placement=placement, master_port=master_port
+                        ),
                         spec_path=str(spec_path),
                         log_path=str(log_path),
                         cwd=str(cwd),
                         local_rank=rank,
-                        title=f"tuneq rank {rank}/{num_ranks} -m {TRAIN_MODULE} --spec {spec_path}",
+                        title=(
+                            f"tuneq rank {placement.global_rank(rank, num_ranks)}/{world_size} "
+                            f"-m {TRAIN_MODULE} --spec {spec_path}"
+                        ),
                     )
                     for rank in range(num_ranks)
                 ],
                 master_port=master_port,
             )
-        cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port)
+        cmd = launch_command(spec_path=spec_path, num_ranks=num_ranks, master_port=master_port, placement=placement)
         logger.info("launching %s", " ".join(cmd))
         with log_path.open("ab") as log:
             process = subprocess.Popen(
@@ -256,16 +297,19 @@ class Launcher:
         return None
 
 
-def launch_environment(env: dict[str, str], *, rank: int, num_ranks: int, master_port: int) -> dict[str, str]:
-    """What DeepSpeed's ``launch.py`` adds for one local rank of a single-node job."""
+def launch_environment(
+    env: dict[str, str], *, local_rank: int, num_ranks: int, placement: NodePlacement, master_port: int
+) -> dict[str, str]:
+    """What DeepSpeed's ``launch.py`` adds for one of this node's ``num_ranks`` ranks (its
+    multi-node mode with ``--node_rank``, when the job spans nodes)."""
     return {
         **env,
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": placement.master_addr,
         "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(num_ranks),
-        "CROSS_RANK": "0",
-        "CROSS_SIZE": "1",
+        "WORLD_SIZE": str(placement.num_nodes * num_ranks),
+        "CROSS_RANK": str(placement.node_rank),
+        "CROSS_SIZE": str(placement.num_nodes),
         "LOCAL_SIZE": str(num_ranks),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
+        "RANK": str(placement.global_rank(local_rank, num_ranks)),
+        "LOCAL_RANK": str(local_rank),
     }

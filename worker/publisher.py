@@ -13,6 +13,12 @@ the ranks go on, up to their next save. An outage longer than
 ``TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS``, mid-run or after the ranks ended, makes the
 publisher give up: the worker stops the ranks and fails the job with
 ``artifact_store_unavailable``. The local files stay, so a retry can finish the upload.
+
+On each node of a multi-node job (``node``), the publisher uploads the node's share of each
+DeepSpeed checkpoint (what its ranks' manifest lists: ``worker.rank.checkpointing.node_share``)
+and records it; the node whose share completes the set commits the checkpoint
+(:func:`shared.db.artifacts.commit_node_share`). Node 0 uploads the manifest, the exports and
+the training log, and applies retention.
 """
 
 from __future__ import annotations
@@ -22,12 +28,19 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from shared.artifacts.store import ArtifactStore, StoredFile, StoreOutage, job_key
-from shared.db.artifacts import checkpoints_past_retention, commit_checkpoint, forget_checkpoint, publish_files
+from shared.db.artifacts import (
+    checkpoints_past_retention,
+    commit_checkpoint,
+    commit_node_share,
+    forget_checkpoint,
+    publish_files,
+)
 from shared.db.engine import session_scope
 from shared.db.lifecycle import record_event
 from shared.db.models import ArtifactKind, CheckpointKind, EventType
@@ -43,6 +56,15 @@ class PublishingStopped(Exception):
     """The publisher was told to stop (its deadline passed, or the attempt ended) mid-retry."""
 
 
+@dataclass(frozen=True)
+class GangNode:
+    """This worker's node of a multi-node job's attempt, for the publisher."""
+
+    attempt: int
+    node_rank: int
+    num_nodes: int
+
+
 class ArtifactPublisher:
     """One attempt's uploads, in order, on one thread."""
 
@@ -54,8 +76,10 @@ class ArtifactPublisher:
         store: ArtifactStore,
         deadline_seconds: float,
         keep_checkpoints: int | None,
+        node: GangNode | None = None,
     ) -> None:
         self.job_id, self.layout, self.store = job_id, layout, store
+        self.node = node  # None: a one-node job
         self.deadline_seconds = deadline_seconds  # the longest outage retried
         self.keep_checkpoints = keep_checkpoints  # training.keep_checkpoints; None keeps all
         # Checkpoints, then "log" (the training log, at the end), then None (no more).
@@ -115,7 +139,10 @@ class ArtifactPublisher:
         if manifest is None:
             raise FileNotFoundError(f"{directory} has no manifest")
         path_in_job = directory.relative_to(self.layout.root).as_posix()
-        names = [*sorted(manifest.files), CheckpointManifest.FILENAME]  # the manifest last
+        first_node = self.node is None or self.node.node_rank == 0
+        names = sorted(manifest.files)
+        if first_node:
+            names.append(CheckpointManifest.FILENAME)  # the manifest last
         stored: list[tuple[str, StoredFile]] = []
         for name in names:
             path = f"{path_in_job}/{name}"
@@ -125,15 +152,28 @@ class ArtifactPublisher:
 
         def commit() -> None:
             with session_scope() as session:
-                commit_checkpoint(
-                    session,
-                    job_id=self.job_id,
-                    kind=kind,
-                    step=event.step,
-                    uri=uri,
-                    files=stored,
-                    created_at=datetime.fromisoformat(event.time),
-                )
+                if self.node is not None and kind == CheckpointKind.deepspeed:
+                    commit_node_share(
+                        session,
+                        job_id=self.job_id,
+                        attempt=self.node.attempt,
+                        node_rank=self.node.node_rank,
+                        num_nodes=self.node.num_nodes,
+                        step=event.step,
+                        uri=uri,
+                        files=stored,
+                        created_at=datetime.fromisoformat(event.time),
+                    )
+                else:
+                    commit_checkpoint(
+                        session,
+                        job_id=self.job_id,
+                        kind=kind,
+                        step=event.step,
+                        uri=uri,
+                        files=stored,
+                        created_at=datetime.fromisoformat(event.time),
+                    )
                 session.commit()
 
         self._retrying(commit)
@@ -143,7 +183,7 @@ class ArtifactPublisher:
         marker = self.layout.published_marker(manifest.tag)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
-        if self.keep_checkpoints is not None:
+        if self.keep_checkpoints is not None and first_node:
             self._apply_retention(self.keep_checkpoints)
         if self.store.local_path(job_key(self.job_id, path_in_job)) != directory.resolve():
             self._prune_local_copies(before=event.step)

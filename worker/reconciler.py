@@ -5,6 +5,9 @@ one reconciler can win). It requeues running jobs whose lease expired (their wor
 and publishes again queued jobs that nobody claimed (a broker that was down at submit, or a
 message lost with a killed worker). On its own host it also removes the shared-memory
 buffers that the ranks of a killed worker left once those ranks are gone.
+
+For multi-node jobs it releases a gang one of whose nodes was lost (its lease, or its start
+deadline, passed) and places the gangs that can start (shared.db.gangs).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import threading
 from datetime import timedelta
 
 from shared.db.engine import session_scope
+from shared.db.gangs import lost_nodes, place_gangs, publish_node_starts, release_gang
 from shared.db.lifecycle import (
     expired_leases,
     mark_published,
@@ -39,9 +43,28 @@ def reconcile_once(*, settings: Settings) -> None:
     with session_scope() as session:
         for job in expired_leases(session=session, now=now):
             reason = f"the worker running this job ({job.worker_id}) stopped renewing its lease"
-            outcome = release_job(session=session, job=job, reason=reason)
+            if job.num_nodes > 1:
+                outcome = release_gang(session=session, job=job, reason=reason, failed_node=0)
+            else:
+                outcome = release_job(session=session, job=job, reason=reason)
             if outcome is not None:
                 logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
+        for job, node in lost_nodes(session=session, now=now):
+            started = node.started_at is not None
+            reason = (
+                f"node {node.node_rank} (worker {node.worker_id}) "
+                + (
+                    "stopped renewing its lease"
+                    if started
+                    else f"did not start within {settings.gang_start_seconds:.0f}s"
+                )
+                + ": the job's nodes are stopped and it goes back to the queue"
+            )
+            outcome = release_gang(session=session, job=job, reason=reason, failed_node=node.node_rank)
+            if outcome is not None:
+                logger.warning("job %s attempt %d: %s -> %s", job.id, job.attempts, reason, outcome.value)
+        starts = place_gangs(session=session, settings=settings)
+        publish_node_starts(starts)
         if prune_workers(session=session, before=now - FORGET_WORKERS_AFTER):
             logger.info("forgot workers not seen for %s", FORGET_WORKERS_AFTER)
         cutoff = now - timedelta(seconds=settings.republish_after_seconds)

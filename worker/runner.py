@@ -2,6 +2,12 @@
 
 While the ranks run, the worker ingests their events, renews the job's lease, and watches
 the job row for a cancel; it ends the attempt on a cancel, a timeout, or a lost lease.
+
+A node of a multi-node job (``run_node``) is the same attempt seen from one of its workers:
+it claims its node instead of the job, renews its node's lease beside node 0's job lease,
+launches its ranks into the gang's world, and records its own ranks' log and checkpoint
+shares. Node 0 decides the job's outcome; a failure on any node fails the whole gang
+(shared.db.gangs.release_gang), which requeues it.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ from typing import Any
 from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
 from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import is_transient_database_error, session_scope
+from shared.db.gangs import claim_node, finish_node, release_gang, renew_node_lease
 from shared.db.lifecycle import (
+    ACTIVE,
     claim_job,
     finish_job,
     job_status,
+    mark_unpublished,
     record_event,
     release_job,
     renew_lease,
@@ -42,14 +51,17 @@ from worker.checkpoint_fetch import drop_local_checkpoints_after, fetch_checkpoi
 from worker.disk_space import disk_problem
 from worker.ingest import EventIngestor
 from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
-from worker.launcher import Launcher, RankGroup
-from worker.publisher import ArtifactPublisher
+from worker.launcher import ONE_NODE, Launcher, NodePlacement, RankGroup
+from worker.publisher import ArtifactPublisher, GangNode
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
+# How long a node other than node 0 whose ranks failed leaves node 0's worker to end the
+# attempt before ending it itself (node 0's ranks fail within seconds of losing a peer).
+GANG_DECISION_SECONDS = 10.0
 DB_RETRY_MAX_SECONDS = 5.0  # the longest wait between polls while the database is unreachable
 OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 OOM_ADVICE = (
@@ -183,18 +195,36 @@ class AttemptEnded(Exception):
 
 
 class LeaseKeeper:
-    """Renews an attempt's lease every third of its lifetime; in between, reads the status."""
+    """Renews an attempt's lease every third of its lifetime; in between, reads the status.
 
-    def __init__(self, *, job_id: uuid.UUID, worker_id: str, attempt: int, settings: Settings) -> None:
-        self.job_id, self.worker_id, self.attempt = job_id, worker_id, attempt
+    On a node of a multi-node job (``node_rank``) it renews the node's lease, and node 0 also
+    the job's; a node whose gang was released has lost the job."""
+
+    def __init__(
+        self, *, job_id: uuid.UUID, worker_id: str, attempt: int, settings: Settings, node_rank: int | None = None
+    ) -> None:
+        self.job_id, self.worker_id, self.attempt, self.node_rank = job_id, worker_id, attempt, node_rank
         self.ttl = settings.lease_ttl_seconds
         self.last_renewal = time.monotonic()
 
     def status(self, session: Any) -> JobStatus | None:
         """The job's status; None once this attempt has lost the job."""
         if time.monotonic() - self.last_renewal < self.ttl / 3:
-            return job_status(session=session, job_id=self.job_id)
+            status = job_status(session=session, job_id=self.job_id)
+            return status if status in ACTIVE or self.node_rank is None else None
         self.last_renewal = time.monotonic()
+        if self.node_rank is not None and not renew_node_lease(
+            session=session,
+            job_id=self.job_id,
+            attempt=self.attempt,
+            node_rank=self.node_rank,
+            worker_id=self.worker_id,
+            lease_ttl=self.ttl,
+        ):
+            return None
+        if self.node_rank:  # another node: node 0's worker holds the job's lease
+            status = job_status(session=session, job_id=self.job_id)
+            return status if status in ACTIVE else None
         return renew_lease(
             session=session, job_id=self.job_id, worker_id=self.worker_id, attempt=self.attempt, lease_ttl=self.ttl
         )
@@ -212,6 +242,19 @@ class Attempt:
     max_duration_seconds: int | None
     log_offset: int  # where ingestion of train.log stopped (a lost attempt's last lines come next)
     store: ArtifactStore  # where its checkpoints came from and its saves go
+    placement: NodePlacement = ONE_NODE  # this worker's node of the job (the only one, mostly)
+
+    @property
+    def node(self) -> GangNode | None:
+        """This worker's node of a multi-node job; None for a one-node job."""
+        if self.placement.num_nodes == 1:
+            return None
+        return GangNode(self.number, self.placement.node_rank, self.placement.num_nodes)
+
+    @property
+    def first_node(self) -> bool:
+        """Node 0 (of a one-node job, the only one): it reports and decides the job."""
+        return self.placement.node_rank == 0
 
 
 def take_over(
@@ -221,27 +264,30 @@ def take_over(
     *,
     keep_alive: Callable[[], None] = lambda: None,
     deadline_seconds: float = 0.0,
+    records: bool = True,
 ) -> ResumePoint | None:
     """Before attempt n > 1: finish ingesting what attempt n-1 wrote up to the newest
     checkpoint committed to the artifact store (its worker may have died before reading it),
     drop what it recorded after that step (this attempt trains those steps again), and make
     that checkpoint a checked local copy. Raises ArtifactIntegrityError when it is not what
-    was published."""
+    was published. ``records=False`` (a node other than node 0 of a multi-node job) only makes
+    the local copy: node 0's worker does the job's bookkeeping."""
     with session_scope() as session:
         newest = newest_checkpoint(session=session, job_id=job.id)
     from_step = newest.step if newest is not None else 0
     tag = layout.checkpoint_tag(from_step) if newest is not None else None
-    with session_scope() as session:
-        leftovers = EventIngestor(
-            events_path=layout.events(job.attempts - 1),
-            log_path=None,
-            job_id=job.id,
-            events_offset=job.events_offset,
-            up_to_step=from_step,
-        )
-        leftovers.poll(session)
-        rewind_job(session=session, job_id=job.id, to_step=from_step, attempt=job.attempts, checkpoint=tag)
-        session.commit()
+    if records:
+        with session_scope() as session:
+            leftovers = EventIngestor(
+                events_path=layout.events(job.attempts - 1),
+                log_path=None,
+                job_id=job.id,
+                events_offset=job.events_offset,
+                up_to_step=from_step,
+            )
+            leftovers.poll(session)
+            rewind_job(session=session, job_id=job.id, to_step=from_step, attempt=job.attempts, checkpoint=tag)
+            session.commit()
     for dropped in drop_local_checkpoints_after(layout, from_step):
         logger.info("job %s: removed %s, saved by a lost attempt but never published", job.id, dropped)
     if newest is None or tag is None:
@@ -304,6 +350,7 @@ def prepare_attempt(
     settings: Settings,
     worker_id: str,
     lease: LeaseKeeper | None = None,
+    placement: NodePlacement = ONE_NODE,
 ) -> Attempt:
     """Write spec.json with the config as it will run; on a restart, resume from the newest
     complete checkpoint."""
@@ -316,14 +363,16 @@ def prepare_attempt(
     # Fetching and converting may take long: the lease is kept, and a cancel ends the attempt.
     keep_alive = (lambda: _keep_alive(lease)) if lease is not None else (lambda: None)
     deadline = settings.artifact_upload_deadline_seconds
-    resume = (
-        take_over(job, layout, store, keep_alive=keep_alive, deadline_seconds=deadline) if job.attempts > 1 else None
-    )
+    resume = None
+    if job.attempts > 1:
+        resume = take_over(
+            job, layout, store, keep_alive=keep_alive, deadline_seconds=deadline, records=placement.node_rank == 0
+        )
     start = None
     if resume is None and job.resume_from is not None:
         start = start_point(
             job.resume_from,
-            num_gpus=job.num_gpus,
+            num_gpus=job.num_nodes * job.num_gpus,
             layout=layout,
             settings=settings,
             store=store,
@@ -341,20 +390,81 @@ def prepare_attempt(
         validation_dataset=datasets["validation_dataset"],
         deepspeed_config=deepspeed_config,
         num_gpus=job.num_gpus,
+        num_nodes=job.num_nodes,
         training=training,
         run_dir=str(layout.root),
         cache_dir=str(settings.cache_dir),
+        dist_timeout_minutes=settings.dist_timeout_minutes,
     )
     write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
-    return Attempt(job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, job.log_offset, store)
+    # A node other than node 0 reads the log from where this attempt's lines begin: the
+    # job's offset is node 0's.
+    log_offset = (
+        job.log_offset if placement.node_rank == 0 else (layout.log.stat().st_size if layout.log.exists() else 0)
+    )
+    return Attempt(
+        job.id, job.attempts, worker_id, spec, layout, training.max_duration_seconds, log_offset, store, placement
+    )
 
 
 def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker_id: str) -> None:
+    """A one-node job's message: claim the job and run the attempt."""
     with session_scope() as session:
         job = claim_job(session=session, job_id=job_id, worker_id=worker_id, lease_ttl=settings.lease_ttl_seconds)
         if job is None:
-            logger.info("job %s is not queued; this delivery does nothing", job_id)
+            if job_status(session=session, job_id=job_id) == JobStatus.queued:
+                # Not claimed although queued: this worker is kept for a multi-node job. A
+                # reconciler publishes it again, for another worker.
+                mark_unpublished(session=session, job_id=job_id)
+            logger.info("job %s is not for this worker now; this delivery does nothing", job_id)
             return
+    _run_attempt(job, settings=settings, launcher=launcher, worker_id=worker_id, placement=ONE_NODE)
+
+
+def run_node(
+    job_id: uuid.UUID, *, attempt: int, node_rank: int, settings: Settings, launcher: Launcher, worker_id: str
+) -> None:
+    """A multi-node job's message for this worker's node: claim the node (once, for this
+    attempt only) and run it in the gang's world; the node is finished whatever happens."""
+    with session_scope() as session:
+        claimed = claim_node(
+            session=session,
+            job_id=job_id,
+            attempt=attempt,
+            node_rank=node_rank,
+            worker_id=worker_id,
+            lease_ttl=settings.lease_ttl_seconds,
+        )
+    if claimed is None:
+        logger.info(
+            "job %s node %d of attempt %d is not this worker's to start; nothing to do", job_id, node_rank, attempt
+        )
+        return
+    job, nodes = claimed
+    master = nodes[0]
+    placement = NodePlacement(
+        node_rank=node_rank, num_nodes=job.num_nodes, master_addr=master.address, master_port=master.port
+    )
+    logger.info(
+        "job %s attempt %d: node %d of %d, master %s:%s",
+        job.id,
+        attempt,
+        node_rank,
+        job.num_nodes,
+        master.address,
+        master.port,
+    )
+    try:
+        _run_attempt(job, settings=settings, launcher=launcher, worker_id=worker_id, placement=placement)
+    finally:
+        with session_scope() as session:
+            finish_node(session=session, job_id=job.id, attempt=attempt, node_rank=node_rank, worker_id=worker_id)
+
+
+def _run_attempt(job: Job, *, settings: Settings, launcher: Launcher, worker_id: str, placement: NodePlacement) -> None:
+    """One claimed attempt (or one node of it), from the worker's own checks to the outcome."""
+    job_id = job.id
+    with session_scope() as session:
         layout = RunLayout.for_job(settings, job.id)
         config, unsafe = sanitize_deepspeed_config(
             job.resolved_deepspeed_config or job.deepspeed_config, run_dir=str(layout.root)
@@ -376,11 +486,20 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker
             return
     previous = signal.signal(signal.SIGTERM, _raise_stopping)
     try:
-        lease = LeaseKeeper(job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings)
+        node_rank = placement.node_rank if placement.num_nodes > 1 else None
+        lease = LeaseKeeper(
+            job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings, node_rank=node_rank
+        )
         try:
             datasets = fetch_inputs(job, settings=settings, lease=lease)
             attempt = prepare_attempt(
-                job, deepspeed_config=config, datasets=datasets, settings=settings, worker_id=worker_id, lease=lease
+                job,
+                deepspeed_config=config,
+                datasets=datasets,
+                settings=settings,
+                worker_id=worker_id,
+                lease=lease,
+                placement=placement,
             )
             launcher.wait_until_warm(keep_alive=lambda: _keep_alive(lease))
         except InputProblem as e:
@@ -483,6 +602,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         store=attempt.store,
         deadline_seconds=settings.artifact_upload_deadline_seconds,
         keep_checkpoints=attempt.spec.training.keep_checkpoints,
+        node=attempt.node,
     )
     ingestor = EventIngestor(
         events_path=layout.events(attempt.number),
@@ -490,14 +610,22 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         job_id=job_id,
         log_offset=attempt.log_offset,
         on_checkpoint=publisher.submit,
+        training_events=attempt.first_node,
     )
     outage = DatabaseOutage(job_id=job_id, lease=lease)
     process: RankGroup | None = None
     try:
         process = launcher.launch_ranks(
-            spec_path=layout.spec, num_ranks=attempt.spec.num_gpus, log_path=layout.log, cwd=layout.root
+            spec_path=layout.spec,
+            num_ranks=attempt.spec.num_gpus,
+            log_path=layout.log,
+            cwd=layout.root,
+            placement=attempt.placement,
         )
         started = time.monotonic()
+        launched_at = time.time()
+        first_rank = attempt.placement.global_rank(0, attempt.spec.num_gpus)
+        ranks = range(first_rank, first_rank + attempt.spec.num_gpus)
         log_start = layout.log.stat().st_size if layout.log.exists() else 0  # where this attempt's lines begin
         ending: Ending | None = None
         # One session per poll: a pooled connection a database restart killed is replaced at
@@ -528,6 +656,15 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 ending = _publishing_failed(attempt, publisher, settings)
                 process.stop(grace_seconds=STOP_GRACE_SECONDS)
                 break
+            if (
+                stalled := stalled_rank(layout, ranks, since=launched_at, limit=settings.rank_stall_seconds)
+            ) is not None:
+                # Stopped (SIGSTOP), or stuck with the GIL held: its peers would wait in their next
+                # collective for the whole collective timeout. The host's failure, not the job's.
+                ending = Ending(JobStatus.queued, ErrorCode.host_error, stalled)
+                logger.warning("job %s attempt %d: %s; killing its ranks", job_id, attempt.number, stalled)
+                process.stop(grace_seconds=0)
+                break
             limit = attempt.max_duration_seconds
             if limit is not None and time.monotonic() - started > limit:
                 message = f"the job ran longer than training.max_duration_seconds ({limit}s)"
@@ -546,6 +683,12 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 if (host_problem := host_failure(killed=killed, message=message, disk=disk)) is not None:
                     ending = Ending(JobStatus.queued, ErrorCode.host_error, host_problem)
                     logger.warning("job %s attempt %d: %s", job_id, attempt.number, host_problem)
+                elif attempt.node is not None and code != ErrorCode.invalid_input:
+                    # Any node's failure is the gang's: a rank that lost a peer fails as well, so
+                    # which node failed first is not known here. The whole job goes back to the queue.
+                    message = f"node {attempt.placement.node_rank} (worker {attempt.worker_id}): {message}"
+                    ending = Ending(JobStatus.queued, code, message)
+                    logger.warning("job %s attempt %d: %s", job_id, attempt.number, message)
                 else:
                     ending = Ending(JobStatus.failed, code, message)
                     logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
@@ -597,12 +740,25 @@ def _record_outcome(
                 continue
             publisher.abandon()
             return  # the lease ran out: the reconciler requeues the job
-    if publisher.finish(log=attempt.layout.log) is not None and ending.status == JobStatus.succeeded:
+    log = attempt.layout.log if attempt.first_node else None  # the job's log is node 0's
+    if publisher.finish(log=log) is not None and ending.status == JobStatus.succeeded:
         ending = _publishing_failed(attempt, publisher, settings)
+    if not attempt.first_node:
+        # Node 0's worker decides the job's outcome (its ranks fail too when this node's do);
+        # this one ends the gang itself only if node 0 has not within GANG_DECISION_SECONDS.
+        if ending.status != JobStatus.succeeded:
+            _end_gang_unless_decided(attempt, ending)
+        return
     while True:
         try:
             if ending.status == JobStatus.queued:
-                _release(attempt.job_id, attempt.number, reason=ending.message or "", code=ErrorCode.host_error)
+                _release(
+                    attempt.job_id,
+                    attempt.number,
+                    reason=ending.message or "",
+                    code=ending.code or ErrorCode.host_error,
+                    node_rank=attempt.placement.node_rank if attempt.node is not None else None,
+                )
                 return
             with session_scope() as session:
                 finish_job(
@@ -623,6 +779,44 @@ def _record_outcome(
         return
 
 
+def _end_gang_unless_decided(attempt: Attempt, ending: Ending) -> None:
+    """A node other than node 0 failed: give node 0's worker GANG_DECISION_SECONDS to end the
+    attempt (its ranks lose this node's and fail), then end it from here."""
+    deadline = time.monotonic() + GANG_DECISION_SECONDS
+    while time.monotonic() < deadline:
+        with session_scope() as session:
+            job = session.get(Job, attempt.job_id)
+            if job is None or job.attempts != attempt.number or job.status not in ACTIVE:
+                return
+        time.sleep(POLL_SECONDS)
+    code = ending.code if ending.status == JobStatus.queued else ErrorCode.training_error
+    _release(
+        attempt.job_id,
+        attempt.number,
+        reason=ending.message or "",
+        code=code or ErrorCode.host_error,
+        node_rank=attempt.placement.node_rank,
+    )
+
+
+def stalled_rank(layout: RunLayout, ranks: range, *, since: float, limit: float) -> str | None:
+    """Why one of ``ranks`` counts as stopped or hung: its heartbeat (``RunLayout.heartbeat``)
+    is older than ``limit`` seconds, counting from ``since`` (the launch) for a rank that has
+    not written one yet. None while every rank shows life."""
+    now = time.time()
+    for rank in ranks:
+        try:
+            seen = max(layout.heartbeat(rank).stat().st_mtime, since)
+        except FileNotFoundError:
+            seen = since
+        if now - seen > limit:
+            return (
+                f"rank {rank} showed no sign of life for {now - seen:.0f}s (TUNEQ_RANK_STALL_SECONDS {limit:.0f}): "
+                "its process was stopped or hung"
+            )
+    return None
+
+
 def _publishing_failed(attempt: Attempt, publisher: ArtifactPublisher, settings: Settings) -> Ending:
     if publisher.internal:
         logger.error("job %s: publishing its files failed: %s", attempt.job_id, publisher.problem)
@@ -637,8 +831,21 @@ def _publishing_failed(attempt: Attempt, publisher: ArtifactPublisher, settings:
     return Ending(JobStatus.failed, ErrorCode.artifact_store_unavailable, message)
 
 
-def _release(job_id: uuid.UUID, number: int, *, reason: str, code: ErrorCode = ErrorCode.worker_lost) -> None:
+def _release(
+    job_id: uuid.UUID,
+    number: int,
+    *,
+    reason: str,
+    code: ErrorCode = ErrorCode.worker_lost,
+    node_rank: int | None = None,
+) -> None:
+    """The attempt ends without an outcome of its own: requeue the job (or fail it, out of
+    restarts); for a multi-node job, on every node (``node_rank``: the node that failed)."""
     with session_scope() as session:
         job = session.get(Job, job_id, populate_existing=True)
-        if job is not None and job.attempts == number and job.status in (JobStatus.running, JobStatus.cancelling):
+        if job is None or job.attempts != number or job.status not in ACTIVE:
+            return
+        if job.num_nodes > 1:
+            release_gang(session=session, job=job, reason=reason, code=code, failed_node=node_rank)
+        else:
             release_job(session=session, job=job, reason=reason, code=code)

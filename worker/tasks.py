@@ -22,6 +22,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutting_do
 from celery.worker import state as worker_state
 
 from shared.db.engine import init_db, session_scope
+from shared.db.gangs import place_and_start
 from shared.db.lifecycle import (
     mark_unpublished,
     register_worker,
@@ -31,12 +32,12 @@ from shared.db.lifecycle import (
     touch_worker,
 )
 from shared.jobs.hardware import Hardware
-from shared.queue import RUN_JOB_TASK, declare_embedded_queue, get_celery, size_queue
-from shared.settings import get_settings
+from shared.queue import RUN_JOB_TASK, RUN_NODE_TASK, declare_embedded_queue, get_celery, node_queue, size_queue
+from shared.settings import Settings, get_settings
 from worker.disk_space import disk_problem
 from worker.launcher import Launcher, detect_hardware
 from worker.reconciler import run_reconciler
-from worker.runner import run_job
+from worker.runner import run_job, run_node
 from worker.shm_buffers import remove_stale_buffers
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,22 @@ def check_disk() -> str | None:
     return problem
 
 
+def advertised_address(settings: Settings) -> str:
+    """Where the other nodes of a multi-node job reach this worker's ranks: TUNEQ_WORKER_ADDRESS,
+    else the address of the interface holding the default route (nothing is sent), else
+    loopback (a host with no route out can only be a one-host deployment)."""
+    if settings.worker_address:
+        return settings.worker_address
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: routed like any outside address, never reached
+        return str(probe.getsockname()[0])
+    return "127.0.0.1"
+
+
 @worker_ready.connect
 def _on_worker_ready(**_kwargs: Any) -> None:
     hardware = current_hardware()
+    settings = get_settings()
     with session_scope() as session:
         register_worker(
             session=session,
@@ -92,7 +106,8 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             hostname=socket.gethostname(),
             accelerator=hardware.accelerator,
             device_count=hardware.device_count,
-            queue=size_queue(get_settings(), hardware.device_count),
+            queue=size_queue(settings, hardware.device_count),
+            address=advertised_address(settings),
         )
     logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
     check_disk()
@@ -156,14 +171,16 @@ def current_hardware() -> Hardware:
     return _hardware
 
 
-def prepare_worker() -> str:
-    """What ``tuneq worker`` does before Celery starts: tables, directories, hardware, and
-    its size's queue (declared before it registers, so nobody publishes there before): its name."""
+def prepare_worker() -> list[str]:
+    """What ``tuneq worker`` does before Celery starts: tables, directories, hardware, and the
+    queues it consumes (declared before it registers, so nobody publishes there before): its
+    size's, and its own (the nodes of multi-node jobs placed on it)."""
     init_db()
     remove_stale_buffers()  # those of jobs whose worker was killed before it could remove them
-    queue = size_queue(get_settings(), current_hardware().device_count)
-    declare_embedded_queue(queue)
-    return queue
+    queues = [size_queue(get_settings(), current_hardware().device_count), node_queue(get_settings(), _worker_id)]
+    for queue in queues:
+        declare_embedded_queue(queue)
+    return queues
 
 
 class JobTask(Task):
@@ -187,5 +204,35 @@ def run_job_task(self: JobTask, job_id: str) -> None:
     try:
         run_job(uuid.UUID(job_id), settings=get_settings(), launcher=self.launcher, worker_id=_worker_id)
     finally:
-        with session_scope() as session:
-            set_worker_idle(session=session, worker_id=_worker_id, idle=True)
+        _idle_again()
+
+
+@celery_app.task(name=RUN_NODE_TASK, base=JobTask, bind=True)
+def run_node_task(self: JobTask, job_id: str, attempt: int, node_rank: int) -> None:
+    """One node of a multi-node job, placed on this worker (shared.db.gangs). A worker that
+    stops or whose disk is full does not start it: the gang's start deadline releases it."""
+    if _stopping.is_set() or check_disk() is not None:
+        return
+    with session_scope() as session:
+        set_worker_idle(session=session, worker_id=_worker_id, idle=False)
+    if self.launcher is None:
+        self.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
+    try:
+        run_node(
+            uuid.UUID(job_id),
+            attempt=attempt,
+            node_rank=node_rank,
+            settings=get_settings(),
+            launcher=self.launcher,
+            worker_id=_worker_id,
+        )
+    finally:
+        _idle_again()
+
+
+def _idle_again() -> None:
+    """This worker is free: say so, and place the gangs that may now start (the oldest waiting
+    one holds it first), instead of leaving them to the next reconciler pass."""
+    with session_scope() as session:
+        set_worker_idle(session=session, worker_id=_worker_id, idle=True)
+        place_and_start(session=session, settings=get_settings())

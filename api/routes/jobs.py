@@ -95,7 +95,7 @@ def create_job(
         raise HTTPException(status_code=429, detail=str(e), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
     if not created:
         response.status_code = status.HTTP_200_OK
-    return JobPublic.from_job(job)
+    return jobs_service.job_public(session=session, job=job)
 
 
 @router.post("/plan", response_model=JobPlan, responses=BODY_ERRORS)
@@ -118,7 +118,7 @@ def list_jobs(
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
     jobs, count = jobs_service.list_jobs(session=session, owner=owner, status=status, skip=skip, limit=limit)
-    return JobsPublic(data=[JobPublic.from_job(j) for j in jobs], count=count)
+    return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
 
 
 def _read_job_answer(job_id: uuid.UUID) -> JobAnswer | None:
@@ -148,7 +148,7 @@ def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: 
     except JobFinishedError as e:
         raise HTTPException(status_code=409, detail=str(e)) from None
     request.app.state.job_cache.forget(job_id)  # this caller's next GET sees the cancel
-    return JobPublic.from_job(job)
+    return jobs_service.job_public(session=session, job=job)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)

@@ -16,7 +16,16 @@ from sqlmodel import Session, col, delete, select
 
 from shared.artifacts.store import StoredFile
 from shared.db.lifecycle import record_event
-from shared.db.models import Artifact, ArtifactKind, Checkpoint, CheckpointKind, EventType, JobMetric
+from shared.db.models import (
+    Artifact,
+    ArtifactKind,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointUpload,
+    EventType,
+    Job,
+    JobMetric,
+)
 
 
 def publish_files(
@@ -60,6 +69,59 @@ def commit_checkpoint(
         data={"step": step, "kind": kind.value, "uri": uri, "bytes": size, "time": created_at.isoformat()},
     )
     return True
+
+
+def commit_node_share(
+    session: Session,
+    *,
+    job_id: uuid.UUID,
+    attempt: int,
+    node_rank: int,
+    num_nodes: int,
+    step: int,
+    uri: str,
+    files: Sequence[tuple[str, StoredFile]],
+    created_at: datetime,
+) -> bool:
+    """Record one node's uploaded share of a multi-node job's DeepSpeed checkpoint; the node
+    whose share completes the set commits the checkpoint with every node's files (node 0's
+    time and URI), in the same transaction. True if this call committed it. The caller commits.
+
+    The job's row is locked first, so two nodes finishing together see each other's share: one
+    of them commits (on SQLite, the single writer does the same)."""
+    session.exec(select(Job.id).where(col(Job.id) == job_id).with_for_update()).one()
+    share = [{"path": path, "key": f.key, "size": f.size, "sha256": f.sha256} for path, f in files]
+    session.merge(
+        CheckpointUpload(
+            job_id=job_id, attempt=attempt, step=step, node_rank=node_rank, uri=uri, files=share, created_at=created_at
+        )
+    )
+    session.flush()
+    shares = session.exec(
+        select(CheckpointUpload).where(
+            col(CheckpointUpload.job_id) == job_id,
+            col(CheckpointUpload.attempt) == attempt,
+            col(CheckpointUpload.step) == step,
+        )
+    ).all()
+    if len(shares) < num_nodes:
+        return False
+    first = min(shares, key=lambda s: s.node_rank)
+    every_file = [
+        (f["path"], StoredFile(key=f["key"], size=f["size"], sha256=f["sha256"])) for s in shares for f in s.files
+    ]
+    committed = commit_checkpoint(
+        session,
+        job_id=job_id,
+        kind=CheckpointKind.deepspeed,
+        step=step,
+        uri=first.uri,
+        files=every_file,
+        created_at=first.created_at,
+    )
+    for done in shares:
+        session.delete(done)
+    return committed
 
 
 def list_artifacts(*, session: Session, job_id: uuid.UUID) -> list[Artifact]:

@@ -20,6 +20,7 @@ from sqlmodel import Session, col, or_, select
 import shared.db.job_events  # noqa: F401
 from shared.db.models import (
     Checkpoint,
+    CheckpointUpload,
     ErrorCode,
     EventType,
     Job,
@@ -54,15 +55,22 @@ def _moved(result: Any) -> bool:
 
 
 def claim_job(*, session: Session, job_id: uuid.UUID, worker_id: str, lease_ttl: float) -> Job | None:
-    """Move a queued job to running for this worker, or return None if it is not queued.
+    """Move a queued one-node job to running for this worker, or return None if it is not
+    queued, or if this worker is kept for a multi-node job (shared.db.gangs).
 
     One conditional UPDATE, checked by its row count: two deliveries of the same message
     (a redelivery, a republish) can never both run the job.
     """
     now = utcnow()
+    kept_for_a_gang = select(Worker.id).where(col(Worker.id) == worker_id, col(Worker.gang_job_id).is_not(None))
     result = session.execute(
         update(Job)
-        .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued)
+        .where(
+            col(Job.id) == job_id,
+            col(Job.status) == JobStatus.queued,
+            col(Job.num_nodes) == 1,
+            ~kept_for_a_gang.exists(),
+        )
         .values(
             status=JobStatus.running,
             started_at=now,
@@ -235,6 +243,7 @@ def unpublished_jobs(*, session: Session, older_than: datetime, live_since: date
     lost = (col(Job.enqueued_at) < older_than) & (idle_consumer.exists() | ~waiting_consumer.exists())
     query = select(Job).where(
         col(Job.status) == JobStatus.queued,
+        col(Job.num_nodes) == 1,  # gangs are placed (shared.db.gangs), never published to a size queue
         or_(col(Job.enqueued_at).is_(None), lost),
     )
     return list(session.exec(query).all())
@@ -297,6 +306,10 @@ def rewind_job(*, session: Session, job_id: uuid.UUID, to_step: int, attempt: in
     of the lost attempt up to that step."""
     session.execute(delete(JobMetric).where(col(JobMetric.job_id) == job_id, col(JobMetric.step) > to_step))
     session.execute(delete(Checkpoint).where(col(Checkpoint.job_id) == job_id, col(Checkpoint.step) > to_step))
+    # Shares of checkpoints the lost attempt's nodes never all uploaded (multi-node jobs).
+    session.execute(
+        delete(CheckpointUpload).where(col(CheckpointUpload.job_id) == job_id, col(CheckpointUpload.attempt) < attempt)
+    )
     record_progress(session=session, job_id=job_id, values={"events_offset": 0, "step": to_step})
     if checkpoint is not None:
         record_event(
@@ -308,12 +321,20 @@ def rewind_job(*, session: Session, job_id: uuid.UUID, to_step: int, attempt: in
 
 
 def register_worker(
-    *, session: Session, worker_id: str, hostname: str, accelerator: str, device_count: int, queue: str
+    *,
+    session: Session,
+    worker_id: str,
+    hostname: str,
+    accelerator: str,
+    device_count: int,
+    queue: str,
+    address: str | None = None,
 ) -> None:
     worker = session.get(Worker, worker_id)
     if worker is None:
         worker = Worker(id=worker_id, hostname=hostname, accelerator=accelerator, device_count=device_count)
     worker.accelerator, worker.device_count, worker.queue = accelerator, device_count, queue
+    worker.address, worker.gang_job_id = address, None
     worker.last_seen_at = worker.idle_since = utcnow()
     worker.stopped_at = worker.unavailable = None
     session.add(worker)

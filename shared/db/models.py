@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -81,7 +82,10 @@ class Job(SQLModel, table=True):
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     # The config as run: "auto" values filled (at submit, then by the worker).
     resolved_deepspeed_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    num_gpus: int
+    num_gpus: int  # per node
+    # Hosts the job spans, each running num_gpus ranks (world size = num_nodes x num_gpus); more
+    # than one makes it a gang, placed on that many workers at once (shared.db.gangs).
+    num_nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     training: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
@@ -258,6 +262,59 @@ class Worker(SQLModel, table=True):
     stopped_at: datetime | None = _timestamp()
     # Why the worker takes no job now (its disk is below TUNEQ_MIN_FREE_DISK_MB), or None.
     unavailable: str | None = Field(default=None, max_length=500)
+    # Where the other nodes of a multi-node job reach its ranks (TUNEQ_WORKER_ADDRESS).
+    address: str | None = Field(default=None, max_length=200)
+    # The multi-node job this worker is kept for: held while that gang waits for enough idle
+    # workers, then reserved for (or running) one of its nodes. Such a worker takes no other job.
+    gang_job_id: uuid.UUID | None = Field(default=None, index=True)
+
+
+class CheckpointUpload(SQLModel, table=True):
+    """One node's share of a multi-node job's checkpoint, uploaded to the artifact store: the
+    checkpoint is committed (shared.db.artifacts.commit_node_share) once every node's is in."""
+
+    __tablename__ = "checkpoint_uploads"
+
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", primary_key=True)
+    attempt: int = Field(primary_key=True)
+    step: int = Field(primary_key=True)
+    node_rank: int = Field(primary_key=True)
+    uri: str
+    # [{"path", "key", "size", "sha256"}, ...]: the node's files, as the store has them.
+    files: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class NodeState(StrEnum):
+    """One node of a multi-node job's attempt (ARCHITECTURE.md, "Gang state machine")."""
+
+    reserved = "reserved"  # placed on its worker, which was told to start it
+    running = "running"  # its worker claimed it and started (or is starting) its ranks
+    finished = "finished"  # its ranks exited and its worker recorded the outcome
+    released = "released"  # the gang ended before this node finished: another node failed, a deadline passed
+
+
+class JobNode(SQLModel, table=True):
+    """One node of one attempt of a multi-node job: which worker runs global ranks
+    ``node_rank * num_gpus ...`` and where it is reached. Node 0 is the rendezvous master."""
+
+    __tablename__ = "job_nodes"
+
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", primary_key=True)
+    attempt: int = Field(primary_key=True)
+    node_rank: int = Field(primary_key=True)
+    worker_id: str = Field(max_length=200)
+    address: str = Field(max_length=200)
+    # The rendezvous port (MASTER_PORT), on node 0's row; None on the others.
+    port: int | None = None
+    state: NodeState = NodeState.reserved
+    # Renewed by the node's worker while it runs; past it (or, while reserved, past the start
+    # deadline) the node is lost and its gang is released whole.
+    lease_expires_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    started_at: datetime | None = _timestamp()
+    finished_at: datetime | None = _timestamp()
+    # Why a node ended the gang (its ranks failed, it was lost), for the job's events and errors.
+    error_message: str | None = None
 
 
 class ApiKey(SQLModel, table=True):
@@ -289,6 +346,16 @@ class JobError(SQLModel):
     message: str
 
 
+class JobNodePublic(SQLModel):
+    node_rank: int
+    worker_id: str
+    address: str
+    # The global ranks this node runs: [first, last].
+    ranks: list[int]
+    state: NodeState
+    error_message: str | None
+
+
 class JobPublic(SQLModel):
     id: uuid.UUID
     owner: str
@@ -303,6 +370,9 @@ class JobPublic(SQLModel):
     deepspeed_config: dict[str, Any]
     resolved_deepspeed_config: dict[str, Any] | None
     num_gpus: int
+    num_nodes: int
+    # The nodes of the current attempt of a multi-node job (empty for a one-node job).
+    nodes: list[JobNodePublic] = []
     training: dict[str, Any]
     created_at: UTCDateTime
     started_at: UTCDateTime | None
@@ -318,9 +388,22 @@ class JobPublic(SQLModel):
     max_restarts: int
 
     @classmethod
-    def from_job(cls, job: Job) -> JobPublic:
+    def from_job(cls, job: Job, nodes: Sequence[JobNode] = ()) -> JobPublic:
+        """``nodes``: the current attempt's, for a multi-node job (shared.db.gangs.current_nodes)."""
         error = JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None
-        return cls.model_validate(job, update={"error": error})
+        first = [n.node_rank * job.num_gpus for n in nodes]
+        public_nodes = [
+            JobNodePublic(
+                node_rank=n.node_rank,
+                worker_id=n.worker_id,
+                address=n.address,
+                ranks=[start, start + job.num_gpus - 1],
+                state=n.state,
+                error_message=n.error_message,
+            )
+            for n, start in zip(nodes, first, strict=True)
+        ]
+        return cls.model_validate(job, update={"error": error, "nodes": public_nodes})
 
 
 class JobsPublic(SQLModel):

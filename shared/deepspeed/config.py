@@ -191,8 +191,8 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
         if not loc and "batch" in message.lower():
             loc = next(((k,) for k in batch_keys if k in config), ("train_batch_size",))
             message += (
-                f" (world size {world_size} = num_gpus: make train_batch_size equal"
-                " train_micro_batch_size_per_gpu x gradient_accumulation_steps x num_gpus)"
+                f" (world size {world_size} = num_nodes x num_gpus: make train_batch_size equal"
+                " train_micro_batch_size_per_gpu x gradient_accumulation_steps x num_nodes x num_gpus)"
             )
         raise DeepSpeedConfigError(loc, f"DeepSpeed refused this config: {message}") from None
     return ResolvedBatch(

@@ -23,10 +23,16 @@ FP16_NEEDS_CUDA = (
 @dataclass(frozen=True)
 class Hardware:
     """A worker's accelerator (``"cuda"`` or ``"cpu"``) and its devices: GPUs, or CPU cores on a
-    host without one. For a deployment, the most its live workers offer (``most_of``)."""
+    host without one. For a deployment, the most its live workers offer (``most_of``), and the
+    device count of each of them (``sizes``: how many could be nodes of a multi-node job)."""
 
     accelerator: str
     device_count: int
+    sizes: tuple[int, ...] = ()
+
+    def workers_with(self, devices: int) -> int:
+        """How many of the deployment's workers have at least ``devices`` devices."""
+        return sum(size >= devices for size in self.sizes)
 
     @classmethod
     def most_of(cls, workers: Iterable[Hardware]) -> Hardware | None:
@@ -36,7 +42,8 @@ class Hardware:
         if not known:
             return None
         cuda = any(w.accelerator == "cuda" for w in known)
-        return cls("cuda" if cuda else "cpu", max(w.device_count for w in known))
+        sizes = tuple(sorted(w.device_count for w in known))
+        return cls("cuda" if cuda else "cpu", max(sizes), sizes)
 
     @property
     def device_unit(self) -> str:
@@ -53,7 +60,12 @@ class HardwareProblem:
 
 
 def hardware_problems(
-    *, num_gpus: int, deepspeed_config: dict[str, Any], hardware: Hardware | None, whose: str = "the largest worker"
+    *,
+    num_gpus: int,
+    deepspeed_config: dict[str, Any],
+    hardware: Hardware | None,
+    whose: str = "the largest worker",
+    num_nodes: int = 1,
 ) -> list[HardwareProblem]:
     """What ``hardware`` (None: unknown, no problem) cannot run of the request; ``whose`` names
     it in the message: the largest worker, or this worker."""
@@ -68,6 +80,14 @@ def hardware_problems(
             HardwareProblem(
                 ("num_gpus",),
                 f"num_gpus is {num_gpus} but {whose} has {have} {hardware.device_unit}: ask for at most {have}",
+            )
+        )
+    elif num_nodes > 1 and hardware.sizes and (fit := hardware.workers_with(num_gpus)) < num_nodes:
+        problems.append(
+            HardwareProblem(
+                ("num_nodes",),
+                f"num_nodes is {num_nodes} but {fit} live worker(s) have {num_gpus} or more "
+                f"{hardware.device_unit}: ask for at most {fit} nodes, or start more workers",
             )
         )
     return problems

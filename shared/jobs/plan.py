@@ -69,16 +69,26 @@ def _offload(config: dict[str, Any], section: str) -> bool:
 
 
 def estimate_memory(
-    *, config: dict[str, Any], zero_stage: int, parameters: int, trainable: int, largest_layer: int, world_size: int
+    *,
+    config: dict[str, Any],
+    zero_stage: int,
+    parameters: int,
+    trainable: int,
+    largest_layer: int,
+    world_size: int,
+    num_nodes: int = 1,
 ) -> MemoryEstimate:
-    """Per device and per host, for one host of ``world_size`` devices."""
+    """Per device and per host, for ``world_size`` devices over ``num_nodes`` hosts."""
     offload_optimizer, offload_param = _offload(config, "offload_optimizer"), _offload(config, "offload_param")
     if trainable == parameters and zero_stage >= 2:
         if zero_stage == 2:
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
             cpu, device = estimate_zero2_model_states_mem_needs(
-                parameters, num_gpus_per_node=world_size, cpu_offload=offload_optimizer
+                parameters,
+                num_gpus_per_node=world_size // num_nodes,
+                num_nodes=num_nodes,
+                cpu_offload=offload_optimizer,
             )
             method = "deepspeed estimate_zero2_model_states_mem_needs"
         else:
@@ -87,7 +97,8 @@ def estimate_memory(
             cpu, device, _ = estimate_zero3_model_states_mem_needs(
                 parameters,
                 largest_layer,
-                num_gpus_per_node=world_size,
+                num_gpus_per_node=world_size // num_nodes,
+                num_nodes=num_nodes,
                 cpu_offload=offload_optimizer,
                 cpu_offload_params=offload_param,
                 zero_init=True,
@@ -103,7 +114,7 @@ def estimate_memory(
         optimizer = 16 * trainable // shards
         cpu = 0
         if offload_optimizer:
-            cpu, optimizer = optimizer * world_size, 0
+            cpu, optimizer = optimizer * (world_size // num_nodes), 0
         device = weights + grads + optimizer + (4 * largest_layer if zero_stage == 3 else 0)
         method = "bytes per parameter: 2 (weights) + 2 (gradients) + 16 (fp32 master + Adam), sharded by stage"
     return MemoryEstimate(
@@ -142,7 +153,7 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
 
     from shared.data.prepared import count_steps_per_epoch, count_total_steps, load_training_data
 
-    opts, world_size = job_in.training, job_in.num_gpus
+    opts, world_size = job_in.training, job_in.world_size
     try:
         tokenizer = AutoTokenizer.from_pretrained(job_in.model, revision=job_in.revision, trust_remote_code=False)
         if tokenizer.pad_token_id is None:
@@ -199,5 +210,6 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
             trainable=trainable,
             largest_layer=largest,
             world_size=world_size,
+            num_nodes=job_in.num_nodes,
         ),
     )

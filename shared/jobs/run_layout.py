@@ -48,6 +48,12 @@ class RunLayout:
     def checkpoints_dir(self) -> Path:
         return self.root / "checkpoints"
 
+    def heartbeat(self, rank: int) -> Path:
+        """Touched every couple of seconds by a thread of rank ``rank`` while the process runs
+        (a rank waiting in a collective included): the worker reads a stale one as a stopped or
+        hung rank."""
+        return self.root / "alive" / f"rank-{rank}"
+
     @property
     def model_dir(self) -> Path:
         return self.root / "model"

@@ -179,7 +179,17 @@ class JobCreate(BaseModel):
         description="A DeepSpeed config, exactly as deepspeed.initialize takes it."
     )
     num_gpus: int = Field(
-        default=1, ge=1, le=1024, description="Ranks to launch: GPUs, or CPU processes on a host without GPUs."
+        default=1,
+        ge=1,
+        le=1024,
+        description="Ranks to launch on each node: GPUs, or CPU processes on a host without GPUs.",
+    )
+    num_nodes: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Hosts the job spans, each running num_gpus ranks: the world size is num_nodes x num_gpus. "
+        "More than one places the job on that many workers at once.",
     )
     name: str | None = Field(default=None, max_length=200)
     resume_from: ResumeFrom | None = None
@@ -187,6 +197,10 @@ class JobCreate(BaseModel):
     max_restarts: int = Field(
         default=2, ge=0, le=20, description="Times a job is requeued after its worker is lost, before it fails."
     )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.num_gpus
 
     @model_validator(mode="after")
     def _one_validation_source(self) -> JobCreate:
@@ -220,7 +234,10 @@ class TrainingSpec(BaseModel):
     dataset: str
     validation_dataset: str | None = None
     deepspeed_config: dict[str, Any]
-    num_gpus: int
+    num_gpus: int  # per node
+    num_nodes: int = 1
     training: TrainingOptions
     run_dir: str
+    # How long a rank waits in a collective before DeepSpeed gives up (TUNEQ_DIST_TIMEOUT_MINUTES).
+    dist_timeout_minutes: int = 30
     cache_dir: str  # tokenized datasets, shared by the jobs of this host

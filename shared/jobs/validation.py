@@ -135,7 +135,7 @@ def resolve_auto_at_submit(
         if key not in FILLABLE
     ]
     hidden_size = hidden_size_of(model_config) if model_config is not None else None
-    inputs = AutoInputs(job_in.training, job_in.num_gpus, hidden_size=hidden_size)
+    inputs = AutoInputs(job_in.training, job_in.world_size, hidden_size=hidden_size)
     return fill_auto(job_in.deepspeed_config, inputs), problems
 
 
@@ -179,14 +179,25 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
     _, unsafe = sanitize_deepspeed_config(resolved, run_dir=str(settings.runs_dir / "pending"))
     problems += [Problem(("body", "deepspeed_config", *u.loc), u.message) for u in unsafe]
     try:
-        resolve_deepspeed_config(without_auto(resolved), world_size=job_in.num_gpus)
+        resolve_deepspeed_config(without_auto(resolved), world_size=job_in.world_size)
     except DeepSpeedConfigError as e:
         problems.append(Problem(("body", "deepspeed_config", *e.loc), e.message))
     problems += [Problem(("body", "deepspeed_config", *e.loc), e.message) for e in missing_packages(resolved)]
     problems += [
         Problem(("body", *p.loc), p.message)
-        for p in hardware_problems(num_gpus=job_in.num_gpus, deepspeed_config=resolved, hardware=hardware)
+        for p in hardware_problems(
+            num_gpus=job_in.num_gpus, deepspeed_config=resolved, hardware=hardware, num_nodes=job_in.num_nodes
+        )
     ]
+    if job_in.num_nodes > 1 and settings.artifacts_uri == str(settings.runs_dir):
+        problems.append(
+            Problem(
+                ("body", "num_nodes"),
+                "a job on several nodes needs an artifact store every worker shares (its nodes share no "
+                "disk, and each uploads its own checkpoint shards): set TUNEQ_ARTIFACTS_URI to s3://bucket/prefix "
+                "(or a directory all hosts mount) on the API and the workers, or use num_nodes 1",
+            )
+        )
     if problems:
         raise JobValidationError(problems)
     return ValidatedRequest(deepspeed_config=resolved, training=training)

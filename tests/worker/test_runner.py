@@ -28,7 +28,13 @@ def test_hardware_problems() -> None:
     assert "num_gpus is 8 but this worker has 4 GPUs" in too_many.message and "at most 4" in too_many.message
     assert hardware_problems(num_gpus=2, deepspeed_config=seed_config(fp16=False), hardware=cpu) == []
     assert hardware_problems(num_gpus=64, deepspeed_config=seed_config(fp16=True), hardware=None) == []  # unknown
-    assert Hardware.most_of([cpu, gpu, Hardware("cpu", 16)]) == Hardware("cuda", 16)
+    assert Hardware.most_of([cpu, gpu, Hardware("cpu", 16)]) == Hardware("cuda", 16, (2, 4, 16))
+    # A multi-node job needs num_nodes workers of its size; unknown sizes leave it to the workers.
+    offered = Hardware.most_of([cpu, cpu, gpu])
+    (nodes,) = hardware_problems(num_gpus=2, deepspeed_config={}, hardware=offered, num_nodes=4)
+    assert nodes.loc == ("num_nodes",) and "3 live worker(s)" in nodes.message and "at most 3 nodes" in nodes.message
+    assert hardware_problems(num_gpus=2, deepspeed_config={}, hardware=offered, num_nodes=3) == []
+    assert hardware_problems(num_gpus=4, deepspeed_config={}, hardware=Hardware("cuda", 4), num_nodes=2) == []
     assert Hardware.most_of([]) is None
 
 

@@ -30,7 +30,9 @@ def zygote() -> Iterator[warm_start.WarmStart]:
 def start(tmp_path: Path, *, rank: int, spec: Path) -> warm_start.RankStart:
     env = launcher.rank_environment(CPU, num_ranks=2, worker_pid=os.getpid())
     return warm_start.RankStart(
-        env=launcher.launch_environment(env, rank=rank, num_ranks=2, master_port=29999),
+        env=launcher.launch_environment(
+            env, local_rank=rank, num_ranks=2, placement=launcher.NodePlacement(), master_port=29999
+        ),
         spec_path=str(spec),
         log_path=str(tmp_path / "train.log"),
         cwd=str(tmp_path),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -28,6 +29,25 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+# DeepSpeed names each data-parallel rank's shards ``zero_pp_rank_<rank>_mp_rank_..``; every
+# other file of a checkpoint (``mp_rank_00_model_states.pt`` under ZeRO 0-2, ``latest``) is
+# written alike by each node of a multi-node job (node-local storage).
+_RANK_SHARD = re.compile(r"(?:^|/)zero_pp_rank_(\d+)_")
+
+
+def node_share(files: dict[str, int], *, node_rank: int, ranks_per_node: int) -> dict[str, int]:
+    """The files of a checkpoint that node ``node_rank`` publishes: all of them on node 0; on
+    another node, its own ranks' shards (node 0 publishes the files every node writes alike)."""
+    if node_rank == 0:
+        return files
+    mine = range(node_rank * ranks_per_node, (node_rank + 1) * ranks_per_node)
+    return {
+        name: size
+        for name, size in files.items()
+        if (match := _RANK_SHARD.search(name)) is not None and int(match.group(1)) in mine
+    }
+
+
 def save_checkpoint(
     engine: Any,
     *,
@@ -36,8 +56,10 @@ def save_checkpoint(
     events: EventWriter,
     client_state: dict[str, Any],
     frozen: bool = True,
+    ranks_per_node: int | None = None,
 ) -> None:
-    """Every rank saves its shard; rank 0 writes the manifest once all have returned.
+    """Every rank saves its shard; once all have returned, the first rank of each node writes
+    the node's manifest (what the node's worker publishes, ``node_share``) and reports it.
 
     ``frozen=False`` leaves out frozen weights (LoRA's base model): the checkpoint then holds
     what trains, and a resume takes the rest from the model the job names.
@@ -47,7 +69,8 @@ def save_checkpoint(
         str(layout.checkpoints_dir), tag=tag, client_state=client_state, exclude_frozen_parameters=not frozen
     )
     dist.barrier()
-    if dist.get_rank() == 0:
+    rank, per_node = dist.get_rank(), ranks_per_node or dist.get_world_size()
+    if rank % per_node == 0:
         directory = layout.checkpoints_dir / tag
         if not frozen:
             _drop_frozen_aliases(directory, engine.module)
@@ -60,6 +83,8 @@ def save_checkpoint(
             zero_stage=engine.zero_optimization_stage(),
             created_at=_now(),
         )
+        files = node_share(manifest.files, node_rank=rank // per_node, ranks_per_node=per_node)
+        manifest = manifest.model_copy(update={"files": files, "bytes": sum(files.values())})
         manifest.write(directory)
         events.emit(CheckpointEvent(step=step, kind="deepspeed", uri=str(directory), bytes=manifest.bytes, time=_now()))
 

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,10 @@ def deepspeed_config(spec: TrainingSpec, inputs: AutoInputs) -> dict[str, Any]:
         raise InvalidInputError(f"deepspeed_config: cannot fill 'auto' for {', '.join(unfilled)}: give values")
     if spec.start_from is not None and spec.start_from.universal:
         config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+    if spec.num_nodes > 1:
+        # Nodes share no disk: every node writes the model states its ranks load on resume
+        # (DeepSpeed's node-local storage), beside its ranks' own optimizer shards.
+        config = {**config, "checkpoint": {**config.get("checkpoint", {}), "use_node_local_storage": True}}
     return config
 
 
@@ -166,9 +170,17 @@ class FineTuneRecipe:
         start from (a checkpoint of this job, or another job's weights)."""
         spec = self.spec
         self.opts = opts = settle_training(spec)  # max_seq_length follows the model unless the job set it
-        deepspeed.init_distributed()  # NCCL on CUDA hosts, gloo (or ccl) on CPU
+        # NCCL on CUDA hosts, gloo (or ccl) on CPU; across nodes, at MASTER_ADDR:MASTER_PORT.
+        deepspeed.init_distributed(timeout=timedelta(minutes=spec.dist_timeout_minutes))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.events = EventWriter(self.layout.events(spec.attempt), enabled=self.rank == 0)
+        # Global rank 0 reports the job (plan, metrics, checkpoints, exports); on the other nodes
+        # of a multi-node job, the node's first rank reports its own checkpoint saves, which its
+        # worker uploads.
+        local_first = self.rank % spec.num_gpus == 0
+        self.node_events = EventWriter(self.layout.events(spec.attempt), enabled=local_first)
+        self.events = (
+            self.node_events if self.rank == 0 else EventWriter(self.layout.events(spec.attempt), enabled=False)
+        )
         self.stop = StopRequested()
         set_seed(opts.seed)
 
@@ -389,9 +401,10 @@ class FineTuneRecipe:
             self.engine,
             layout=self.layout,
             step=self.step,
-            events=self.events,
+            events=self.node_events,
             client_state=position,
             frozen=not self.lora,
+            ranks_per_node=self.spec.num_gpus,
         )
         self.last_saved_step = self.step
         self.unpublished = (self.layout.checkpoint_tag(self.step), self.step)
@@ -410,5 +423,5 @@ class FineTuneRecipe:
 
     def cleanup(self) -> None:
         """Close the events file; every rank leaves together."""
-        self.events.close()
+        self.node_events.close()
         dist.barrier()

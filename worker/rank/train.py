@@ -36,19 +36,23 @@ WORKER_PID_ENV = "TUNEQ_WORKER_PID"
 WATCH_INTERVAL_SECONDS = 2.0
 
 
-def watch_worker() -> None:
-    """Kill this rank's whole launcher group when the worker that started it dies.
+def watch_worker(heartbeat: Path) -> None:
+    """Kill this rank's whole launcher group when the worker that started it dies, and touch
+    ``heartbeat`` while this process runs.
 
     The launcher runs in its own session so the worker can signal it as one group; the
     price is that nothing kills it when the worker is SIGKILLed. Orphaned ranks would hold
     the GPUs the next job needs, so every rank polls its worker and takes the group down.
+    The heartbeat is the worker's sign that the rank lives: a thread keeps touching it while
+    the training thread waits in a collective, but not in a stopped (SIGSTOP) process, whose
+    peers would wait in their next collective for as long as the collective timeout.
     """
     pid = int(os.environ.get(WORKER_PID_ENV, "0"))
-    if pid <= 0:
-        return
+    heartbeat.parent.mkdir(parents=True, exist_ok=True)
 
     def loop() -> None:
-        while process_running(pid):
+        while pid <= 0 or process_running(pid):
+            heartbeat.touch()
             time.sleep(WATCH_INTERVAL_SECONDS)
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -80,10 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         return record
 
     logging.setLogRecordFactory(record_factory)
-    watch_worker()
-    remember_cpu_info()  # a rank DeepSpeed's launcher started (a forked one has it already)
     spec = TrainingSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
     layout = RunLayout(Path(spec.run_dir))
+    watch_worker(layout.heartbeat(rank))
+    remember_cpu_info()  # a rank DeepSpeed's launcher started (a forked one has it already)
     try:
         run(spec, layout)
     except InvalidInputError as e:

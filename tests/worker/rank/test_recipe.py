@@ -82,7 +82,9 @@ def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
 def train(specs: list[TrainingSpec]) -> None:
     port = free_port()
     env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=0)
-    env = launcher.launch_environment(env, rank=0, num_ranks=1, master_port=port)
+    env = launcher.launch_environment(
+        env, local_rank=0, num_ranks=1, placement=launcher.NodePlacement(), master_port=port
+    )
     child = multiprocessing.get_context("spawn").Process(
         target=train_in_child, args=([s.model_dump_json() for s in specs], env)
     )
