@@ -59,8 +59,8 @@ logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
-# How long a node other than node 0 whose ranks failed leaves node 0's worker to end the
-# attempt before ending it itself (node 0's ranks fail within seconds of losing a peer).
+# How long a node other than node 0 whose ranks failed leaves the others' workers to end the
+# attempt (with their reason) before ending it itself; node 0 waits half as long.
 GANG_DECISION_SECONDS = 10.0
 DB_RETRY_MAX_SECONDS = 5.0  # the longest wait between polls while the database is unreachable
 OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
@@ -665,7 +665,8 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 logger.warning("job %s attempt %d: %s; killing its ranks", job_id, attempt.number, stalled)
                 process.stop(grace_seconds=0)
                 break
-            limit = attempt.max_duration_seconds
+            # Node 0 keeps the job's time (another node stopping first would look like its failure).
+            limit = attempt.max_duration_seconds if attempt.first_node else None
             if limit is not None and time.monotonic() - started > limit:
                 message = f"the job ran longer than training.max_duration_seconds ({limit}s)"
                 ending = Ending(JobStatus.failed, ErrorCode.timeout, message)
@@ -674,7 +675,11 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 break
             time.sleep(POLL_SECONDS)
         if ending is None:
-            if process.returncode == 0:
+            if process.returncode == 0 and _cancel_requested(job_id):
+                # The ranks agreed on a stop after a step: another node's worker (of a
+                # multi-node job) saw the cancel first and signalled its own ranks.
+                ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
+            elif process.returncode == 0:
                 ending = Ending(JobStatus.succeeded, None, None)
             else:
                 killed = killed_rank(read_from(layout.log, log_start), killed_by_tuneq=process.killed_pids)
@@ -740,14 +745,27 @@ def _record_outcome(
                 continue
             publisher.abandon()
             return  # the lease ran out: the reconciler requeues the job
+    gang_failed = attempt.node is not None and ending.status == JobStatus.queued
+    if gang_failed and ending.code == ErrorCode.host_error:
+        # A stopped or killed rank, a full disk: this node knows the cause, and the other nodes'
+        # ranks fail because of it. It ends the gang first, with its reason, then publishes.
+        _release(
+            attempt.job_id,
+            attempt.number,
+            reason=ending.message or "",
+            code=ErrorCode.host_error,
+            node_rank=attempt.placement.node_rank,
+        )
     log = attempt.layout.log if attempt.first_node else None  # the job's log is node 0's
     if publisher.finish(log=log) is not None and ending.status == JobStatus.succeeded:
         ending = _publishing_failed(attempt, publisher, settings)
-    if not attempt.first_node:
-        # Node 0's worker decides the job's outcome (its ranks fail too when this node's do);
-        # this one ends the gang itself only if node 0 has not within GANG_DECISION_SECONDS.
+    if attempt.node is not None and (gang_failed or not attempt.first_node):
+        # Any node's ranks fail when another's do, so who failed first is not known here: a
+        # node that knows its host failed has ended the gang above; node 0 waits a moment for
+        # that, another node longer (node 0's ranks fail too and its worker decides).
         if ending.status != JobStatus.succeeded:
-            _end_gang_unless_decided(attempt, ending)
+            wait = GANG_DECISION_SECONDS / (2 if attempt.first_node else 1)
+            _end_gang_unless_decided(attempt, ending, wait_seconds=wait)
         return
     while True:
         try:
@@ -779,10 +797,19 @@ def _record_outcome(
         return
 
 
-def _end_gang_unless_decided(attempt: Attempt, ending: Ending) -> None:
-    """A node other than node 0 failed: give node 0's worker GANG_DECISION_SECONDS to end the
-    attempt (its ranks lose this node's and fail), then end it from here."""
-    deadline = time.monotonic() + GANG_DECISION_SECONDS
+def _cancel_requested(job_id: uuid.UUID) -> bool:
+    try:
+        with session_scope() as session:
+            return job_status(session=session, job_id=job_id) == JobStatus.cancelling
+    except Exception as e:  # the database is away: the outcome's own retries deal with it
+        logger.warning("job %s: could not read its status (%s)", job_id, e)
+        return False
+
+
+def _end_gang_unless_decided(attempt: Attempt, ending: Ending, *, wait_seconds: float) -> None:
+    """This node's ranks failed: give the other nodes' workers ``wait_seconds`` to end the
+    attempt (with the cause, if theirs), then end it from here with this node's reason."""
+    deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         with session_scope() as session:
             job = session.get(Job, attempt.job_id)

@@ -25,6 +25,7 @@ from shared.db.models import (
     EventType,
     Job,
     JobMetric,
+    JobStatus,
 )
 
 
@@ -88,8 +89,12 @@ def commit_node_share(
     time and URI), in the same transaction. True if this call committed it. The caller commits.
 
     The job's row is locked first, so two nodes finishing together see each other's share: one
-    of them commits (on SQLite, the single writer does the same)."""
-    session.exec(select(Job.id).where(col(Job.id) == job_id).with_for_update()).one()
+    of them commits (on SQLite, the single writer does the same). A share of an attempt that
+    is no longer the job's (released, requeued, placed again) is not recorded: a new attempt
+    may be writing the same paths."""
+    job = session.exec(select(Job).where(col(Job.id) == job_id).with_for_update()).one()
+    if job.attempts != attempt or job.status == JobStatus.queued:
+        return False
     share = [{"path": path, "key": f.key, "size": f.size, "sha256": f.sha256} for path, f in files]
     session.merge(
         CheckpointUpload(

@@ -16,7 +16,7 @@ from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import s3_artifacts_env
-from .harness import Tuneq
+from .harness import Tuneq, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -31,40 +31,60 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
+def start_cluster(
+    root: Path, data: Path, *, database: str, broker: str, store: dict[str, str], hosts: int, **env: str
+) -> Tuneq:
+    """``tuneq serve`` and ``hosts`` workers, each on a home of its own (another "host"), all
+    advertising 127.0.0.1; returns once every worker has registered."""
+    settings = {
+        "TUNEQ_DATABASE_URL": database,
+        "TUNEQ_BROKER_URL": broker,
+        "TUNEQ_ALLOWED_ROOTS": str(data),
+        "TUNEQ_RECONCILE_SECONDS": "1",
+        "TUNEQ_WORKER_ADDRESS": "127.0.0.1",
+        **store,
+        **env,
+    }
+    tuneq = Tuneq(home=root / "api", env=settings, split=True)
+    tuneq.start(workers=0, ready="/healthz")
+    for host in range(hosts):
+        tuneq.start_worker(TUNEQ_HOME=str(root / f"host-{host}"))
+    wait_for_workers(tuneq, database, hosts)
+    return tuneq
+
+
+def wait_for_workers(tuneq: Tuneq, database: str, count: int, *, timeout: float = 120) -> None:
+    """Until ``count`` workers that have not stopped are registered (and idle)."""
+    engine = create_engine(database)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                query = "SELECT count(*) FROM workers WHERE stopped_at IS NULL AND idle_since IS NOT NULL"
+                if conn.execute(text(query)).scalar() == count:
+                    return
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    raise TimeoutError(f"{count} workers never registered\n{tuneq.log_tail()}")
+
+
 @pytest.fixture(scope="module")
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, data: Path, postgres_url: str, redis_url: str, loopback_s3: LoopbackS3
 ) -> Iterator[Tuneq]:
-    """An API and two workers, each worker on a home of its own (another "host")."""
+    """An API and three workers: two-node jobs, and two of them at once."""
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
-    root = tmp_path_factory.mktemp("cluster")
-    database = fresh_postgres_schema(postgres_url)
-    env = {
-        "TUNEQ_DATABASE_URL": database,
-        "TUNEQ_BROKER_URL": redis_url,
-        "TUNEQ_ALLOWED_ROOTS": str(data),
-        "TUNEQ_RECONCILE_SECONDS": "1",
-        "TUNEQ_WORKER_ADDRESS": "127.0.0.1",
-        **s3_artifacts_env(loopback_s3, "multi-node"),
-    }
-    tuneq = Tuneq(home=root / "api", env=env, split=True)
-    tuneq.start(workers=0, ready="/healthz")
-    for host in ("host-a", "host-b"):
-        tuneq.start_worker(TUNEQ_HOME=str(root / host))
-    engine = create_engine(database)
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            with engine.connect() as conn:
-                if conn.execute(text("SELECT count(*) FROM workers WHERE stopped_at IS NULL")).scalar() == 2:
-                    break
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"the workers never registered\n{tuneq.log_tail()}")
-    finally:
-        engine.dispose()
+    tuneq = start_cluster(
+        tmp_path_factory.mktemp("cluster"),
+        data,
+        database=fresh_postgres_schema(postgres_url),
+        broker=redis_url,
+        store=s3_artifacts_env(loopback_s3, "multi-node"),
+        hosts=3,
+    )
     yield tuneq
     tuneq.stop()
 
@@ -124,8 +144,68 @@ def test_two_nodes_train_as_one_node_with_two_ranks(cluster: Tuneq, data: Path) 
 
 
 def test_a_gang_larger_than_the_workers_is_refused_at_submit(cluster: Tuneq, data: Path) -> None:
-    config = seed_config(fp16=False, train_batch_size=3, zero_stage=2)
-    answer = cluster.client.post("/jobs", json=body(data, num_gpus=1, num_nodes=3, deepspeed_config=config))
+    config = seed_config(fp16=False, train_batch_size=4, zero_stage=2)
+    answer = cluster.client.post("/jobs", json=body(data, num_gpus=1, num_nodes=4, deepspeed_config=config))
     assert answer.status_code == 422, answer.text
     (problem,) = answer.json()["detail"]
-    assert problem["loc"] == ["body", "num_nodes"] and "2 live worker" in problem["msg"]
+    assert problem["loc"] == ["body", "num_nodes"] and "3 live worker" in problem["msg"]
+
+
+def test_two_gangs_on_three_workers_both_finish_one_after_the_other(cluster: Tuneq, data: Path) -> None:
+    first = cluster.submit(body(data, num_gpus=1, num_nodes=2))
+    second = cluster.submit(body(data, num_gpus=1, num_nodes=2))
+    done = [cluster.wait(job["id"], timeout=400) for job in (first, second)]
+    assert [d["status"] for d in done] == ["succeeded", "succeeded"], [d["error"] for d in done]
+    # One after the other: three workers hold one gang of two at a time, so the second shares
+    # a worker with the first (a worker runs one node at a time) and was placed once it was free.
+    assert all(d["attempts"] == 1 for d in done)
+    workers = [{n["worker_id"] for n in d["nodes"]} for d in done]
+    assert workers[0] & workers[1] and done[1]["started_at"] > done[0]["started_at"]
+
+
+def test_a_zero3_gang_exports_the_full_model(cluster: Tuneq, data: Path, tmp_path: Path) -> None:
+    config = seed_config(fp16=False, train_batch_size=2, zero_stage=3, lr=1e-3)
+    done = cluster.wait(cluster.submit(body(data, num_gpus=1, num_nodes=2, deepspeed_config=config))["id"], timeout=300)
+    assert done["status"] == "succeeded", done["error"]
+    paths = {a["path"] for a in cluster.get(f"/jobs/{done['id']}/artifacts")["data"]}
+    tag = f"checkpoints/step-{STEPS:08d}"
+    # ZeRO-3: each rank's model and optimizer shards, from the node that ran it.
+    for rank in (0, 1):
+        assert f"{tag}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt" in paths
+        assert f"{tag}/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in paths or any(
+            p.startswith(f"{tag}/") and f"zero_pp_rank_{rank}_" in p and "optim" in p for p in paths
+        )
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for path in sorted(p for p in paths if p.startswith("model/")):
+        target = model_dir / path.removeprefix("model/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(cluster.client.get(f"/jobs/{done['id']}/artifacts/{path}").content)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(data / "tiny-gpt-neo")
+    trained, original = model.state_dict(), base.state_dict()
+    assert trained.keys() == original.keys()
+    assert all(trained[k].shape == original[k].shape for k in trained)  # full tensors, not shards
+    assert any(not trained[k].equal(original[k]) for k in trained)
+
+
+def test_cancel_stops_both_nodes(cluster: Tuneq, data: Path) -> None:
+    job = cluster.submit(
+        body(data, num_gpus=1, num_nodes=2, training={"max_seq_length": 48, "max_steps": 100_000, "epochs": 1000})
+    )
+    deadline = time.monotonic() + 180
+    while cluster.job(job["id"])["step"] < 3:
+        assert time.monotonic() < deadline, cluster.log_tail()
+        time.sleep(0.3)
+    ranks = cluster.ranks_of(job["id"])
+    assert len(ranks) == 2  # one per node
+    assert cluster.client.post(f"/jobs/{job['id']}/cancel").status_code == 200
+    done = cluster.wait(job["id"], timeout=60)
+    assert done["status"] == "cancelled" and done["attempts"] == 1
+    assert wait_gone(ranks, timeout=30) == []
+    deadline = time.monotonic() + 30  # each node's worker finishes its node as its ranks go
+    while [n["state"] for n in cluster.job(job["id"])["nodes"]] != ["finished", "finished"]:
+        assert time.monotonic() < deadline, cluster.job(job["id"])["nodes"]
+        time.sleep(0.5)

@@ -29,10 +29,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-# DeepSpeed names each data-parallel rank's shards ``zero_pp_rank_<rank>_mp_rank_..``; every
-# other file of a checkpoint (``mp_rank_00_model_states.pt`` under ZeRO 0-2, ``latest``) is
-# written alike by each node of a multi-node job (node-local storage).
-_RANK_SHARD = re.compile(r"(?:^|/)zero_pp_rank_(\d+)_")
+# DeepSpeed names each data-parallel rank's shards ``[bf16_]zero_pp_rank_<rank>_mp_rank_..``;
+# every other file of a checkpoint (``mp_rank_00_model_states.pt`` under ZeRO 0-2, ``latest``)
+# is written alike by each node of a multi-node job (node-local storage).
+_RANK_SHARD = re.compile(r"zero_pp_rank_(\d+)_")
 
 
 def node_share(files: dict[str, int], *, node_rank: int, ranks_per_node: int) -> dict[str, int]:
