@@ -1038,6 +1038,7 @@ def jobs(
 def jobs_table(rows: list[dict[str, Any]]) -> Any:
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for column in ("ID", "NAME", "STATUS", "STEP", "LOSS", "CREATED (UTC)", "MODEL"):
@@ -1048,12 +1049,13 @@ def jobs_table(rows: list[dict[str, Any]]) -> Any:
         status = str(job["status"])
         table.add_row(
             str(job["id"]),
-            job.get("name") or "-",
+            # The user's own text as text: a name or path with [brackets] is not rich markup.
+            Text(job.get("name") or "-"),
             f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]",
             f"{job.get('step', 0)}/{total if total is not None else '?'}",
             format_loss(latest.get("loss")),
             _short_time(job.get("created_at")),
-            Path(str(job.get("model", ""))).name or str(job.get("model")),
+            Text(Path(str(job.get("model", ""))).name or str(job.get("model"))),
         )
     return table
 
@@ -1108,12 +1110,14 @@ def show(
             return
         if not as_json:
             from rich.table import Table
+            from rich.text import Text
 
             table = Table.grid(padding=(0, 2))
             table.add_column(style="bold", no_wrap=True)
             table.add_column()
             for label, value in describe_job(job, checkpoints):
-                table.add_row(label, value)
+                # Values as text, not rich markup: an error such as "[rank3]: ..." is shown whole.
+                table.add_row(label, Text(value))
             _console().print(table)
         if follow:
             _follow_and_exit(client, job, as_json=as_json)

@@ -878,6 +878,21 @@ def test_show_cancel_logs(api: FakeApi) -> None:
     assert api.requests[-1]["query"] == "tail=2"
 
 
+def test_show_and_jobs_print_the_jobs_text_not_markup(api: FakeApi) -> None:
+    error = {"code": "training_error", "message": "[rank3]: CUDA OOM [/x]"}
+    shown_job = job("failed", name="[bold]sft[/bold]", model="/srv/models/[v2]", error=error)
+    api.json("GET", f"/jobs/{JOB_ID}", shown_job)
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    api.json("GET", "/jobs", {"data": [shown_job], "count": 1})
+    shown = invoke(api, "show", JOB_ID)
+    assert shown.exit_code == 0, shown.output
+    assert "training_error: [rank3]: CUDA OOM [/x]" in shown.stdout
+    assert "[bold]sft[/bold]" in shown.stdout
+    listed = invoke(api, "jobs")
+    assert listed.exit_code == 0, listed.output
+    assert "[bold]sft[/bold]" in listed.stdout and "[v2]" in listed.stdout
+
+
 def test_logs_follow_streams_lines(api: FakeApi) -> None:
     def serve(h: Handler) -> None:
         h.send_response(200)
