@@ -21,6 +21,7 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.db.engine import get_engine
+from shared.db.gangs import gangs_waiting
 from shared.db.lifecycle import live_since, live_worker, running_worker
 from shared.db.models import Job, JobMetric, JobStatus, Worker
 from shared.settings import get_settings
@@ -47,7 +48,7 @@ def _steps_per_second(session: Session, job_id: uuid.UUID) -> float | None:
 
 
 class JobStateCollector(Collector):
-    """Jobs by status, the queue's depth, live workers and each running job's pace, from SQL."""
+    """Jobs by status, the queue's depth, gangs waiting, live workers and each running job's pace, from SQL."""
 
     def describe(self) -> Iterator[Metric]:
         # What registering asks for: the names only, without reading the database (an app is
@@ -62,6 +63,11 @@ class JobStateCollector(Collector):
                 "tuneq_queue_depth",
                 'Jobs submitted and not yet claimed, by the queue they were published to ("" before any).',
                 labels=["queue"],
+            ),
+            "gangs": GaugeMetricFamily(
+                "tuneq_gangs_waiting",
+                "Multi-node jobs queued for want of enough idle workers (placed, never published: also in "
+                'tuneq_queue_depth{queue=""}).',
             ),
             "workers": GaugeMetricFamily(
                 "tuneq_workers", "Live workers: seen within TUNEQ_WORKER_SEEN_SECONDS, not stopped, taking jobs."
@@ -88,6 +94,7 @@ class JobStateCollector(Collector):
                 ).all()
                 for queue, count in waiting:
                     f["queued"].add_metric([queue or ""], count)
+                f["gangs"].add_metric([], gangs_waiting(session=session))
                 since = live_since(get_settings())
                 seen = session.exec(select(func.count()).select_from(Worker).where(live_worker(since)))
                 f["workers"].add_metric([], seen.one())

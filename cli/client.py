@@ -955,7 +955,14 @@ def submit(
     deepspeed: Annotated[
         str, typer.Option("--deepspeed", help="The DeepSpeed config: a JSON file (or @file, or inline JSON).")
     ],
-    num_gpus: Annotated[int, typer.Option(min=1, help="Ranks to launch: GPUs, or CPU processes.")] = 1,
+    num_gpus: Annotated[int, typer.Option(min=1, help="Ranks to launch on each node: GPUs, or CPU processes.")] = 1,
+    num_nodes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Hosts to run on at once, one worker each: the world size is nodes x GPUs per node (--num-gpus).",
+        ),
+    ] = 1,
     name: Annotated[str | None, typer.Option(help="A label for the job.")] = None,
     training: Annotated[
         str | None, typer.Option(help="Training options as JSON or @file, e.g. '{\"max_steps\": 100}'.")
@@ -973,6 +980,10 @@ def submit(
         "deepspeed_config": _load_json_option(deepspeed, option="--deepspeed", file_by_default=True),
         "num_gpus": num_gpus,
     }
+    if num_nodes != 1:
+        # Only when asked for: a one-node submit's body stays what a server without
+        # multi-node jobs accepts (it refuses fields it does not know).
+        body["num_nodes"] = num_nodes
     if name is not None:
         body["name"] = name
     if training is not None:
@@ -1038,9 +1049,10 @@ def jobs(
 def jobs_table(rows: list[dict[str, Any]]) -> Any:
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for column in ("ID", "NAME", "STATUS", "STEP", "LOSS", "CREATED (UTC)", "MODEL"):
+    for column in ("ID", "NAME", "STATUS", "GPUS", "STEP", "LOSS", "CREATED (UTC)", "MODEL"):
         table.add_column(column, no_wrap=column in ("ID", "STATUS", "CREATED (UTC)"))
     for job in rows:
         total = job.get("total_steps")
@@ -1048,14 +1060,30 @@ def jobs_table(rows: list[dict[str, Any]]) -> Any:
         status = str(job["status"])
         table.add_row(
             str(job["id"]),
-            job.get("name") or "-",
+            # The user's own text as text: a name or path with [brackets] is not rich markup.
+            Text(job.get("name") or "-"),
             f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]",
+            gpus_text(job),
             f"{job.get('step', 0)}/{total if total is not None else '?'}",
             format_loss(latest.get("loss")),
             _short_time(job.get("created_at")),
-            Path(str(job.get("model", ""))).name or str(job.get("model")),
+            Text(Path(str(job.get("model", ""))).name or str(job.get("model"))),
         )
     return table
+
+
+def gpus_text(job: dict[str, Any]) -> str:
+    """A job's ranks: ``num_gpus``, or ``nodes x GPUs per node`` for a multi-node job."""
+    nodes = int(job.get("num_nodes") or 1)
+    return f"{nodes}x{job.get('num_gpus')}" if nodes > 1 else str(job.get("num_gpus"))
+
+
+def node_line(node: dict[str, Any]) -> str:
+    """One node of a multi-node job: its worker and address, its global ranks, its state, and
+    why it ended the gang, if it did."""
+    first, last = node["ranks"]
+    line = f"worker {node['worker_id']} at {node['address']}, ranks {first}-{last}, {node['state']}"
+    return f"{line}: {node['error_message']}" if node.get("error_message") else line
 
 
 def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
@@ -1072,6 +1100,7 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
         ("model", str(job.get("model"))),
         ("dataset", str(job.get("dataset"))),
         ("num_gpus", str(job.get("num_gpus"))),
+        ("num_nodes", str(job.get("num_nodes") or 1)),  # a server without multi-node jobs sends none
         ("training", json.dumps(training, sort_keys=True) if training else "{}"),
         ("created", _short_time(job.get("created_at"))),
         ("started", _short_time(job.get("started_at"))),
@@ -1083,6 +1112,8 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
         ("eta", format_duration(job.get("eta_seconds")) if job.get("eta_seconds") is not None else "-"),
         ("attempts", f"{job.get('attempts', 0)} (max restarts {job.get('max_restarts')})"),
     ]
+    # The nodes of the current attempt (none for a one-node job).
+    rows += [(f"node {n['node_rank']}", node_line(n)) for n in job.get("nodes") or []]
     error = job.get("error")
     if error:
         rows.append(("error", f"{error.get('code')}: {error.get('message')}"))
@@ -1096,7 +1127,7 @@ def show(
     follow: FollowOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Show one job: status, progress, error, checkpoints (GET /jobs/{id})."""
+    """Show one job: status, progress, nodes, error, checkpoints (GET /jobs/{id})."""
     with _client() as client:
         try:
             job = client.get_job(job_id)
@@ -1108,12 +1139,14 @@ def show(
             return
         if not as_json:
             from rich.table import Table
+            from rich.text import Text
 
             table = Table.grid(padding=(0, 2))
             table.add_column(style="bold", no_wrap=True)
             table.add_column()
             for label, value in describe_job(job, checkpoints):
-                table.add_row(label, value)
+                # Values as text, not rich markup: an error such as "[rank3]: ..." is shown whole.
+                table.add_row(label, Text(value))
             _console().print(table)
         if follow:
             _follow_and_exit(client, job, as_json=as_json)

@@ -85,6 +85,11 @@ function progress(job) {
   return `step ${job.step}`;
 }
 
+// A job's ranks: num_gpus, or "nodes×GPUs per node" for a multi-node job.
+function gpus(job) {
+  return job.num_nodes > 1 ? `${job.num_nodes}×${job.num_gpus}` : String(job.num_gpus);
+}
+
 function bytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -228,14 +233,15 @@ async function showJobs() {
         const link = document.createElement("a");
         link.href = `#/jobs/${job.id}`;
         link.textContent = job.name || job.id.slice(0, 8);
-        const cells = [link, job.status, job.model, progress(job), age(job.created_at)];
+        const cells = [link, job.status, gpus(job), job.model, progress(job), age(job.created_at)];
         cells.forEach((content, i) => {
           const cell = document.createElement("td");
-          cell.className = ["job", "status", "model", "progress", "age"][i];
+          cell.className = ["job", "status", "gpus", "model", "progress", "age"][i];
           if (content instanceof Node) cell.appendChild(content);
           else cell.textContent = content;
           if (i === 1) setStatus(cell, content);
-          if (i === 2) cell.title = job.model;
+          if (i === 2 && job.num_nodes > 1) cell.title = `${job.num_nodes} nodes × ${job.num_gpus} GPUs each`;
+          if (i === 3) cell.title = job.model;
           row.appendChild(cell);
         });
         return row;
@@ -247,10 +253,32 @@ async function showJobs() {
   await refresh().catch(report);
 }
 
+// The nodes of a multi-node job's current attempt, one row each; the section is hidden
+// while there are none (a one-node job, or a gang not placed yet).
+function renderNodes(nodes) {
+  $("#job-nodes").hidden = !nodes.length;
+  $("#nodes-table tbody").replaceChildren(
+    ...nodes.map((node) => {
+      const row = document.createElement("tr");
+      row.dataset.nodeRank = node.node_rank;
+      const [first, last] = node.ranks;
+      const cells = [node.node_rank, node.worker_id, node.address, `${first}-${last}`, node.state, node.error_message || ""];
+      cells.forEach((content, i) => {
+        const cell = document.createElement("td");
+        cell.className = ["node", "worker", "address", "ranks", "state", "error"][i];
+        cell.textContent = String(content);
+        row.appendChild(cell);
+      });
+      return row;
+    }),
+  );
+}
+
 async function showJob(jobId) {
   $("#job-view").hidden = false;
   $("#job-title").textContent = `Job ${jobId}`;
   $("#checkpoints").replaceChildren();
+  renderNodes([]); // not the previous job's nodes while this one loads
   $("#log-tail").textContent = "";
   const loss = new LineChart($("#loss-chart"));
   const lr = new LineChart($("#lr-chart"));
@@ -267,6 +295,7 @@ async function showJob(jobId) {
     $("#cancel-button").disabled = TERMINAL.has(job.status) || job.status === "cancelling";
     $("#job-error").hidden = !job.error;
     $("#job-error").textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
+    renderNodes(job.nodes || []); // a server without multi-node jobs sends no nodes
     finished = TERMINAL.has(job.status);
   };
 

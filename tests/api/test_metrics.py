@@ -35,8 +35,16 @@ def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]],
     }
 
 
-def add_job(session: Session, status: JobStatus) -> Job:
-    job = Job(model="m", dataset="d", deepspeed_config=seed_config(fp16=False), num_gpus=1, training={}, status=status)
+def add_job(session: Session, status: JobStatus, num_nodes: int = 1) -> Job:
+    job = Job(
+        model="m",
+        dataset="d",
+        deepspeed_config=seed_config(fp16=False),
+        num_gpus=1,
+        num_nodes=num_nodes,
+        training={},
+        status=status,
+    )
     session.add(job)
     return job
 
@@ -72,6 +80,22 @@ def test_jobs_by_status_queue_depth_workers_and_pace(client: TestClient) -> None
     assert got[("tuneq_workers", ())] == 1
     assert got[("tuneq_job_steps_per_second", (("job_id", str(running_id)),))] == pytest.approx(2.0, rel=1e-3)
     assert ("tuneq_job_steps_per_second", (("job_id", str(stalled_id)),)) not in got
+    assert got[("tuneq_gangs_waiting", ())] == 0  # no multi-node job: the gauge is there, at 0
+
+
+def test_gangs_waiting_counts_queued_multi_node_jobs_only(client: TestClient) -> None:
+    with Session(get_engine()) as session:
+        add_job(session, JobStatus.queued, num_nodes=2)
+        add_job(session, JobStatus.queued, num_nodes=4)
+        add_job(session, JobStatus.queued)  # one node: published to a size queue, not a gang
+        add_job(session, JobStatus.running, num_nodes=2)  # placed
+        add_job(session, JobStatus.cancelled, num_nodes=2)
+        session.commit()
+
+    got = samples(client)
+    assert got[("tuneq_gangs_waiting", ())] == 2
+    # A gang is never published: it waits in the unpublished queue with the one-node job.
+    assert got[("tuneq_queue_depth", (("queue", ""),))] == 3
 
 
 def test_request_latency_by_route_template_not_raw_path(client: TestClient) -> None:

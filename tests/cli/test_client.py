@@ -167,6 +167,8 @@ def job(status: str = "running", **fields: Any) -> dict[str, Any]:
         "model": "/srv/models/tiny-gpt-neo",
         "dataset": "/srv/data/train.jsonl",
         "num_gpus": 1,
+        "num_nodes": 1,
+        "nodes": [],
         "training": {"max_steps": 4},
         "created_at": "2026-12-02T10:00:00Z",
         "started_at": None,
@@ -799,6 +801,23 @@ def test_submit_sends_the_body_and_prints_the_job(api: FakeApi, tmp_path: Path) 
     assert api.requests[1]["headers"]["Idempotency-Key"] == "k-1"
 
 
+def test_submit_num_nodes(api: FakeApi) -> None:
+    api.json("POST", "/jobs", job("queued", num_gpus=4, num_nodes=2), status=201)
+    args = ["submit", "--model", "m/m", "--dataset", "/d.jsonl", "--deepspeed", "{}", "--num-gpus", "4"]
+    result = invoke(api, *args, "--num-nodes", "2")
+    assert result.exit_code == 0, result.output
+    body = json.loads(api.requests[0]["body"])
+    assert (body["num_gpus"], body["num_nodes"]) == (4, 2)
+    # One node (the default) sends no num_nodes: the body a server without multi-node jobs takes.
+    assert invoke(api, *args, "--num-nodes", "1").exit_code == 0
+    assert "num_nodes" not in json.loads(api.requests[1]["body"])
+    refused = invoke(api, *args, "--num-nodes", "0")
+    assert refused.exit_code == 2 and len(api.requests) == 2
+    wide = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "250"})  # no wrapped help lines
+    (option,) = [line for line in wide.stdout.splitlines() if "--num-nodes" in line]
+    assert "[x>=1]" in option and "the world size is nodes x GPUs per node" in option
+
+
 def test_submit_refused_prints_each_problem(api: FakeApi) -> None:
     detail = [{"type": "value_error", "loc": ["body", "training", "max_steps"], "msg": "must be > 0"}]
     api.json("POST", "/jobs", {"detail": detail}, status=422)
@@ -853,7 +872,7 @@ def test_jobs_table_and_json(api: FakeApi) -> None:
     table = invoke(api, "jobs", "--status", "running", "--limit", "1")
     assert table.exit_code == 0, table.output
     row = next(line for line in table.stdout.splitlines() if JOB_ID in line)
-    assert row.split() == [JOB_ID, "sft", "running", "3/10", "1.2500", "2026-12-02", "10:00:00", "tiny-gpt-neo"]
+    assert row.split() == [JOB_ID, "sft", "running", "1", "3/10", "1.2500", "2026-12-02", "10:00:00", "tiny-gpt-neo"]
     assert "1 of 7 jobs" in table.stdout
     assert api.requests[0]["query"] == "skip=0&limit=1&status=running"
     assert json.loads(invoke(api, "jobs", "--json").stdout) == page
@@ -876,6 +895,67 @@ def test_show_cancel_logs(api: FakeApi) -> None:
     logs = invoke(api, "logs", JOB_ID, "--tail", "2")
     assert logs.stdout.splitlines() == ["one", "two"]
     assert api.requests[-1]["query"] == "tail=2"
+
+
+def test_show_and_jobs_a_multi_node_job(api: FakeApi) -> None:
+    nodes = [
+        {
+            "node_rank": 0,
+            "worker_id": "gpu-a",
+            "address": "10.0.0.5",
+            "ranks": [0, 3],
+            "state": "released",
+            "error_message": None,
+        },
+        {
+            "node_rank": 1,
+            "worker_id": "gpu-b",
+            "address": "10.0.0.6",
+            "ranks": [4, 7],
+            "state": "released",
+            "error_message": "[rank5]: exited with code 1",
+        },
+    ]
+    gang = job("failed", num_gpus=4, num_nodes=2, nodes=nodes)
+    api.json("GET", f"/jobs/{JOB_ID}", gang)
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    api.json("GET", "/jobs", {"data": [gang, {**job("queued"), "id": str(uuid.uuid4())}], "count": 2})
+    shown = invoke(api, "show", JOB_ID)
+    assert shown.exit_code == 0, shown.output
+    lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
+    assert "num_gpus 4" in lines and "num_nodes 2" in lines
+    assert [line for line in lines if line.startswith("node ")] == [
+        "node 0 worker gpu-a at 10.0.0.5, ranks 0-3, released",
+        "node 1 worker gpu-b at 10.0.0.6, ranks 4-7, released: [rank5]: exited with code 1",
+    ]
+    listed = invoke(api, "jobs")
+    assert listed.exit_code == 0, listed.output
+    gpus = [line.split()[3] for line in listed.stdout.splitlines() if "sft" in line]
+    assert gpus == ["2x4", "1"]  # nodes x GPUs per node; a one-node job its GPUs
+
+
+def test_show_a_one_node_job_has_no_node_lines(api: FakeApi) -> None:
+    api.json("GET", f"/jobs/{JOB_ID}", job("running"))
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    shown = invoke(api, "show", JOB_ID)
+    assert shown.exit_code == 0, shown.output
+    lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
+    assert "num_nodes 1" in lines and not any(line.startswith("node ") for line in lines)
+
+
+def test_show_and_jobs_print_the_jobs_text_not_markup(api: FakeApi) -> None:
+    error = {"code": "training_error", "message": "[rank3]: CUDA OOM [/x]"}
+    shown_job = job("failed", name="[bold]sft[/bold]", model="/srv/models/[v2]", error=error)
+    api.json("GET", f"/jobs/{JOB_ID}", shown_job)
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    api.json("GET", "/jobs", {"data": [shown_job], "count": 1})
+    shown = invoke(api, "show", JOB_ID)
+    assert shown.exit_code == 0, shown.output
+    assert "training_error: [rank3]: CUDA OOM [/x]" in shown.stdout
+    assert "[bold]sft[/bold]" in shown.stdout
+    listed = invoke(api, "jobs")
+    assert listed.exit_code == 0, listed.output
+    assert "[bold]sft[/bold]" in listed.stdout and "[v2]" in listed.stdout
 
 
 def test_logs_follow_streams_lines(api: FakeApi) -> None:
