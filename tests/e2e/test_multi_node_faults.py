@@ -144,3 +144,24 @@ def test_a_stopped_rank_is_detected_and_the_gang_resumes(
         assert any("showed no sign of life" in w for w in warnings), warnings
     finally:
         tuneq.stop()
+
+
+def test_deepspeeds_launcher_runs_a_gang_without_ssh(
+    tmp_path: Path, data: Path, postgres_url: str, redis_url: str, loopback_s3: LoopbackS3
+) -> None:
+    """TUNEQ_LAUNCHER=deepspeed: each node's worker runs `deepspeed --no_ssh --node_rank k
+    --hostfile ...` with the same hostfile, instead of forking from the warm start."""
+    database = fresh_postgres_schema(postgres_url)
+    store = s3_artifacts_env(loopback_s3, "launcher")
+    tuneq = start_cluster(
+        tmp_path, data, database=database, broker=redis_url, store=store, hosts=2, TUNEQ_LAUNCHER="deepspeed"
+    )
+    try:
+        done = tuneq.wait(tuneq.submit(body(data, num_gpus=1, num_nodes=2))["id"], timeout=300)
+        assert done["status"] == "succeeded", (done["error"], tuneq.log_tail())
+        hostfiles = sorted(tmp_path.glob(f"host-*/runs/{done['id']}/hostfile"))
+        assert len(hostfiles) == 2 and {h.read_text() for h in hostfiles} == {"node-0 slots=1\nnode-1 slots=1\n"}
+        lines = [e["line"] for e in events(tuneq, done["id"], "log")]
+        assert any("--no_ssh" in line or "node_rank" in line for line in lines), lines[:40]
+    finally:
+        tuneq.stop()
