@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import s3_artifacts_env
-from .harness import Tuneq, wait_gone
+from .harness import Tuneq, start_cluster, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -29,44 +28,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tiny_model(data / "tiny-gpt-neo")
     write_text_dataset(data / "train.jsonl", records=64)
     return data
-
-
-def start_cluster(
-    root: Path, data: Path, *, database: str, broker: str, store: dict[str, str], hosts: int, **env: str
-) -> Tuneq:
-    """``tuneq serve`` and ``hosts`` workers, each on a home of its own (another "host"), all
-    advertising 127.0.0.1; returns once every worker has registered."""
-    settings = {
-        "TUNEQ_DATABASE_URL": database,
-        "TUNEQ_BROKER_URL": broker,
-        "TUNEQ_ALLOWED_ROOTS": str(data),
-        "TUNEQ_RECONCILE_SECONDS": "1",
-        "TUNEQ_WORKER_ADDRESS": "127.0.0.1",
-        **store,
-        **env,
-    }
-    tuneq = Tuneq(home=root / "api", env=settings, split=True)
-    tuneq.start(workers=0, ready="/healthz")
-    for host in range(hosts):
-        tuneq.start_worker(TUNEQ_HOME=str(root / f"host-{host}"))
-    wait_for_workers(tuneq, database, hosts)
-    return tuneq
-
-
-def wait_for_workers(tuneq: Tuneq, database: str, count: int, *, timeout: float = 120) -> None:
-    """Until ``count`` workers that have not stopped are registered (and idle)."""
-    engine = create_engine(database)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            with engine.connect() as conn:
-                query = "SELECT count(*) FROM workers WHERE stopped_at IS NULL AND idle_since IS NOT NULL"
-                if conn.execute(text(query)).scalar() == count:
-                    return
-            time.sleep(0.5)
-    finally:
-        engine.dispose()
-    raise TimeoutError(f"{count} workers never registered\n{tuneq.log_tail()}")
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import s3_artifacts_env
-from .harness import Tuneq, wait_gone
-from .test_multi_node import body, start_cluster, wait_for_workers
+from .harness import Tuneq, start_cluster, wait_for_workers, wait_gone
+from .test_multi_node import body
 
 pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
