@@ -827,16 +827,17 @@ def _end_gang_unless_decided(attempt: Attempt, ending: Ending, *, wait_seconds: 
 
 
 def stalled_rank(layout: RunLayout, ranks: range, *, since: float, limit: float) -> str | None:
-    """Why one of ``ranks`` counts as stopped or hung: its heartbeat (``RunLayout.heartbeat``)
-    is older than ``limit`` seconds, counting from ``since`` (the launch) for a rank that has
-    not written one yet. None while every rank shows life."""
+    """Why one of ``ranks`` counts as stopped or hung: its heartbeat (``RunLayout.heartbeat``),
+    written since ``since`` (this launch), is older than ``limit`` seconds. A rank still starting
+    (importing, under DeepSpeed's launcher) has written none yet and is not judged. None while
+    every rank shows life."""
     now = time.time()
     for rank in ranks:
         try:
-            seen = max(layout.heartbeat(rank).stat().st_mtime, since)
+            seen = layout.heartbeat(rank).stat().st_mtime
         except FileNotFoundError:
-            seen = since
-        if now - seen > limit:
+            continue
+        if seen >= since and now - seen > limit:
             return (
                 f"rank {rank} showed no sign of life for {now - seen:.0f}s (TUNEQ_RANK_STALL_SECONDS {limit:.0f}): "
                 "its process was stopped or hung"

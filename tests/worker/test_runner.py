@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,15 @@ from shared.db.models import CheckpointKind, Job, JobMetric, JobStatus, utcnow
 from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.run_layout import RunLayout
 from shared.settings import get_settings
-from worker.launcher import Launcher, deepspeed_arch_list, launch_command, rank_environment
-from worker.runner import failure_from_ranks, host_failure, killed_rank, run_job
+from worker.launcher import (
+    Launcher,
+    NodePlacement,
+    deepspeed_arch_list,
+    launch_command,
+    launch_environment,
+    rank_environment,
+)
+from worker.runner import failure_from_ranks, host_failure, killed_rank, run_job, stalled_rank
 
 
 def test_hardware_problems() -> None:
@@ -119,6 +128,35 @@ def test_launch_command_is_deepspeeds_launcher(tmp_path: Path) -> None:
         "--spec",
         str(tmp_path / "spec.json"),
     ]
+
+
+def test_a_node_of_a_gang_runs_deepspeeds_multi_node_mode_without_ssh(tmp_path: Path) -> None:
+    placement = NodePlacement(node_rank=1, num_nodes=3, master_addr="10.0.0.5", master_port=29600)
+    cmd = launch_command(spec_path=tmp_path / "spec.json", num_ranks=4, master_port=29600, placement=placement)
+    assert cmd[3:12] == [
+        "--no_ssh",
+        "--node_rank",
+        "1",
+        "--hostfile",
+        str(tmp_path / "hostfile"),
+        "--master_addr",
+        "10.0.0.5",
+        "--master_port",
+        "29600",
+    ]
+    # The same hostfile on every node: the names only order the nodes.
+    assert (tmp_path / "hostfile").read_text() == "node-0 slots=4\nnode-1 slots=4\nnode-2 slots=4\n"
+    env = launch_environment({}, local_rank=2, num_ranks=4, placement=placement, master_port=29600)
+    assert env == {
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29600",
+        "WORLD_SIZE": "12",
+        "CROSS_RANK": "1",
+        "CROSS_SIZE": "3",
+        "LOCAL_SIZE": "4",
+        "RANK": "6",
+        "LOCAL_RANK": "2",
+    }
 
 
 def test_rank_environment_sets_the_cpu_accelerator_only_without_gpus(monkeypatch: object) -> None:
@@ -349,3 +387,19 @@ def test_a_resume_waits_out_a_store_outage_up_to_the_deadline(
     gone = UnreachableStore(tmp_path / "store", failures=1000)
     with pytest.raises(ArtifactStoreError, match=r"stayed unreachable for more than 0s.*connection refused"):
         fetch_checkpoint(store=gone, job_id=job.id, layout=RunLayout(tmp_path / "third" / str(job.id)), step=10)
+
+
+def test_a_rank_whose_heartbeat_stopped_is_stalled_and_one_still_starting_is_not(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    launched = time.time() - 100
+    assert stalled_rank(layout, range(0, 2), since=launched, limit=30) is None  # none started yet
+    for rank in (0, 1):
+        layout.heartbeat(rank).parent.mkdir(parents=True, exist_ok=True)
+        layout.heartbeat(rank).touch()
+    assert stalled_rank(layout, range(0, 2), since=launched, limit=30) is None
+    old = time.time() - 40
+    os.utime(layout.heartbeat(1), (old, old))
+    problem = stalled_rank(layout, range(0, 2), since=launched, limit=30)
+    assert problem is not None and problem.startswith("rank 1 showed no sign of life for 4")
+    # A heartbeat left by an earlier launch says nothing about this one.
+    assert stalled_rank(layout, range(0, 2), since=time.time() - 10, limit=30) is None
