@@ -170,3 +170,15 @@ def test_cancel_stops_both_nodes(cluster: Tuneq, data: Path) -> None:
     while [n["state"] for n in cluster.job(job["id"])["nodes"]] != ["finished", "finished"]:
         assert time.monotonic() < deadline, cluster.job(job["id"])["nodes"]
         time.sleep(0.5)
+
+
+def test_a_gangs_checkpoint_starts_a_job_on_another_node_count(cluster: Tuneq, data: Path) -> None:
+    """resume_from a 2-node job's checkpoint on one node and one rank: through DeepSpeed's
+    universal checkpoint, from every node's shards in the store."""
+    gang = cluster.wait(cluster.submit(body(data, num_gpus=1, num_nodes=2))["id"], timeout=300)
+    assert gang["status"] == "succeeded", gang["error"]
+    follow = cluster.submit(body(data, num_gpus=1, resume_from={"job_id": gang["id"]}))
+    assert follow["resume_from"] == {"job_id": gang["id"], "step": STEPS}
+    done = cluster.wait(follow["id"], timeout=300)
+    assert done["status"] == "succeeded", (done["error"], cluster.log_tail())
+    assert done["nodes"] == [] and done["step"] > 0
