@@ -10,14 +10,16 @@ missing key, FastAPI's validation errors (400 here, never 422: OpenAI has no 422
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 PREFIX = "/v1"
 
@@ -70,17 +72,33 @@ class OpenAIHTTPException(HTTPException):
         self.code = code
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
-    if not is_openai_path(request.url.path):
-        return await http_exception_handler(request, exc)
-    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    if exc.status_code == 404 and not isinstance(exc, OpenAIHTTPException):
-        message = f"{request.method} {request.url.path} is not a route of tuneq's OpenAI-compatible API"
-    elif exc.status_code == 405:
-        message = f"{request.url.path} does not take {request.method}"
-    body = envelope(exc.status_code, message, param=getattr(exc, "param", None), code=getattr(exc, "code", None))
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+def _http_error_handler(openai_routes: Sequence[BaseRoute]) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if not is_openai_path(request.url.path):
+            return await http_exception_handler(request, exc)
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        headers = exc.headers
+        if exc.status_code == 404 and not isinstance(exc, OpenAIHTTPException):
+            message = f"{request.method} {request.url.path} is not a route of tuneq's OpenAI-compatible API"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+            # Starlette's Allow names the methods of the first route at the path only (POST of
+            # POST /v1/files, not GET's); RFC 9110 wants every method the path takes.
+            headers = {**(headers or {}), "Allow": ", ".join(_methods_at(openai_routes, request))}
+        body = envelope(exc.status_code, message, param=getattr(exc, "param", None), code=getattr(exc, "code", None))
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    return http_error
+
+
+def _methods_at(routes: Sequence[BaseRoute], request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
 
 
 _PLACES = {"query": "query parameter", "path": "path parameter", "header": "header", "body": "form field"}
@@ -99,7 +117,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(envelope(400, message, param=param), status_code=400)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer ``/v1`` errors in OpenAI's envelope and every other path's as FastAPI does."""
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+def install_error_handlers(app: FastAPI, *, openai_routers: Sequence[APIRouter]) -> None:
+    """Answer ``/v1`` errors in OpenAI's envelope and every other path's as FastAPI does.
+    ``openai_routers``: the routers of ``/v1``, whose methods a 405's ``Allow`` lists."""
+    routes = [route for router in openai_routers for route in router.routes]
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler(routes))
     app.add_exception_handler(RequestValidationError, _validation_error)
