@@ -101,7 +101,8 @@ def _methods_at(routes: Sequence[BaseRoute], request: Request) -> list[str]:
     return sorted(methods)
 
 
-_PLACES = {"query": "query parameter", "path": "path parameter", "header": "header", "body": "form field"}
+# "body" is a form (POST /v1/files) or, for later routes, JSON: "field" fits both.
+_PLACES = {"query": "query parameter", "path": "path parameter", "header": "header", "body": "field"}
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
