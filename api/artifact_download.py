@@ -86,14 +86,14 @@ def serve_artifact(
     if wanted is not None:
         headers["Content-Range"] = f"bytes {first}-{last}/{artifact.size}"
     return StreamingResponse(
-        _read(store, key, first, last),
+        read_range(store, key, first, last),
         status_code=206 if wanted is not None else 200,
         media_type="application/octet-stream",
         headers=headers,
     )
 
 
-def _read(store: ArtifactStore, key: str, first: int, last: int) -> Iterator[bytes]:
+def read_range(store: ArtifactStore, key: str, first: int, last: int) -> Iterator[bytes]:
     """Bytes first..last of ``key``, a chunk at a time (Starlette runs this in a thread)."""
     with store.open(key) as f:
         f.seek(first)

@@ -6,7 +6,6 @@ fixed owner ``local``. Otherwise a missing, unknown or revoked key is 401.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -15,11 +14,12 @@ from fastapi.security.base import SecurityBase
 from sqlmodel import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import error_response
 from api.read_cache import ReadCache
 from shared.db.api_keys import hash_key, owner_of_key
 from shared.db.engine import get_engine
 from shared.db.models import LOCAL_OWNER
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 
 
 def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
@@ -77,29 +77,46 @@ current_owner = BearerOwner()
 OwnerDep = Annotated[str, Depends(current_owner)]
 
 
-def _too_large_message(limit: int) -> str:
+def _too_large_message(limit: int, *, upload: bool, settings: Settings) -> str:
+    if upload:
+        return (
+            f"the request body is larger than {limit} bytes: a file may be at most {settings.max_upload_bytes} "
+            "bytes (TUNEQ_MAX_UPLOAD_BYTES)"
+        )
     return f"the request body is larger than {limit} bytes, the most this API reads (TUNEQ_MAX_REQUEST_BYTES)"
 
 
 class _BodyTooLarge(HTTPException):
     """An HTTPException, so that FastAPI's body reading passes it on as the 413 it is."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(status_code=413, detail=_too_large_message(limit))
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=413, detail=message)
 
 
 class BodySizeLimit:
     """Answer 413 for a request body over ``TUNEQ_MAX_REQUEST_BYTES``, before anything parses it:
-    at once from Content-Length, else (chunked) as soon as the streamed bytes pass the limit."""
+    at once from Content-Length, else (chunked) as soon as the streamed bytes pass the limit.
 
-    def __init__(self, app: ASGIApp) -> None:
+    A POST to one of ``upload_paths`` (``POST /v1/files``) may carry a file of up to
+    ``TUNEQ_MAX_UPLOAD_BYTES`` plus the rest of a form (``TUNEQ_MAX_REQUEST_BYTES``); the route
+    holds the file itself to the exact limit as it reads it. The 413 is in the shape the path
+    speaks (``api.errors.error_response``)."""
+
+    def __init__(self, app: ASGIApp, upload_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.upload_paths = upload_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = get_settings().max_request_bytes
+        settings = get_settings()
+        upload = scope["method"] == "POST" and scope["path"] in self.upload_paths
+        limit = settings.max_request_bytes + (settings.max_upload_bytes if upload else 0)
+
+        def refusal() -> str:  # made only for a refusal: most requests never need it
+            return _too_large_message(limit, upload=upload, settings=settings)
+
         chunked = False
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -108,7 +125,7 @@ class BodySizeLimit:
                 except ValueError:
                     too_large = False
                 if too_large:
-                    await self._refuse(send, limit)
+                    await error_response(scope["path"], 413, refusal())(scope, receive, send)
                     return
             elif name == b"transfer-encoding":
                 chunked = True
@@ -127,7 +144,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge(limit)
+                    raise _BodyTooLarge(refusal())
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -141,16 +158,4 @@ class BodySizeLimit:
         except _BodyTooLarge:
             if started:
                 raise
-            await self._refuse(send, limit)
-
-    @staticmethod
-    async def _refuse(send: Send, limit: int) -> None:
-        body = json.dumps({"detail": _too_large_message(limit)}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+            await error_response(scope["path"], 413, refusal())(scope, receive, send)

@@ -1,15 +1,19 @@
 """The error answers the API gives, declared once so each route's OpenAPI lists what it can return.
 
-Every error that is not a 422 is ``{"detail": "<what went wrong, and what to do>"}`` (FastAPI's
-``HTTPException``, and the 413 of :class:`api.auth.BodySizeLimit`); 422s keep FastAPI's own
-validation shape, which FastAPI declares by itself.
+Every error of the native API that is not a 422 is ``{"detail": "<what went wrong, and what to
+do>"}`` (FastAPI's ``HTTPException``, and the 413 of :class:`api.auth.BodySizeLimit`); 422s keep
+FastAPI's own validation shape, which FastAPI declares by itself. The OpenAI-compatible API under
+``/v1`` answers in OpenAI's envelope instead (``api.v1.errors``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+
+from api.v1.errors import envelope, is_openai_path
 
 # What a route's `responses=` takes.
 Responses = dict[int | str, dict[str, Any]]
@@ -31,3 +35,10 @@ BODY_ERRORS: Responses = {
     413: error("The request body is over TUNEQ_MAX_REQUEST_BYTES"),
 }
 UNAUTHORIZED: Responses = {401: error("No API key, or an unknown or revoked one")}
+
+
+def error_response(path: str, status_code: int, message: str, *, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error answered outside a route (a middleware, a database outage), in the shape the
+    request's path speaks: OpenAI's envelope under ``/v1``, ``{"detail": ...}`` elsewhere."""
+    content = envelope(status_code, message) if is_openai_path(path) else {"detail": message}
+    return JSONResponse(content, status_code=status_code, headers=headers)

@@ -10,15 +10,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 
 from api.auth import BodySizeLimit
+from api.errors import error_response
 from api.jobs_service import JobAnswer
 from api.metrics import RequestLatency, build_registry
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
+from api.v1 import files as v1_files
+from api.v1.errors import install_error_handlers
 from shared.db.engine import init_db, is_transient_database_error
 from shared.deepspeed.config import known_top_level_keys
 
@@ -57,9 +59,10 @@ async def _database_unavailable(request: Request, error: Exception) -> Response:
     if not is_transient_database_error(error):
         raise error
     logger.warning("%s %s: the database is unreachable: %s", request.method, request.url.path, error)
-    return JSONResponse(
-        status_code=503,
-        content={"detail": "the database is unreachable for a moment: retry after the Retry-After seconds"},
+    return error_response(
+        request.url.path,
+        503,
+        "the database is unreachable for a moment: retry after the Retry-After seconds",
         headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
     )
 
@@ -67,7 +70,9 @@ async def _database_unavailable(request: Request, error: Exception) -> Response:
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(DBAPIError, _database_unavailable)
-    app.add_middleware(BodySizeLimit)  # TUNEQ_MAX_REQUEST_BYTES, before any route reads the body
+    install_error_handlers(app, openai_routers=[v1_files.router])  # OpenAI's envelope on /v1
+    # TUNEQ_MAX_REQUEST_BYTES (TUNEQ_MAX_UPLOAD_BYTES for a file upload), before any route reads the body.
+    app.add_middleware(BodySizeLimit, upload_paths=frozenset({v1_files.UPLOAD_PATH}))
     # Per app, not the process-global registry: tests build many apps in one process.
     app.state.metrics_registry, latency = build_registry()
     # Recent reads requests share (api.read_cache), per app like the registry: GET /jobs/{id}'s
@@ -78,6 +83,7 @@ def create_app() -> FastAPI:
     # The job routes first: a request is matched against the routers in this order, and polls
     # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).
     app.include_router(jobs.router)
+    app.include_router(v1_files.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)  # the web UI at /, outside the OpenAPI schema
     return app

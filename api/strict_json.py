@@ -67,7 +67,7 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _string_problem(text: str) -> str | None:
+def text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "contains a NUL character (\\u0000), which cannot be stored: remove it"
     try:
@@ -97,11 +97,11 @@ def body_problem(body: bytes) -> BodyProblem | None:
         if isinstance(item, _NotANumber):
             return BodyProblem(loc, f"{item.text} is not a finite number: give a finite number")
         if isinstance(item, str):
-            if (problem := _string_problem(item)) is not None:
+            if (problem := text_problem(item)) is not None:
                 return BodyProblem(loc, f"this string {problem}")
         elif isinstance(item, dict):
             for key, child in reversed(item.items()):
-                if (problem := _string_problem(key)) is not None:
+                if (problem := text_problem(key)) is not None:
                     return BodyProblem((*loc, key.encode("utf-8", "replace").decode()), f"this key {problem}")
                 pending.append(((*loc, key), child))
         elif isinstance(item, list):

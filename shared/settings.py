@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_active_jobs_per_owner: int = Field(default=8, ge=0)
     # The largest request body the API reads; past it 413, before the body is parsed.
     max_request_bytes: int = Field(default=1024**2, ge=1)
+    # The largest file POST /v1/files takes (OpenAI's limit for a fine-tuning file, 512 MiB);
+    # past it 413. The upload is spooled to disk as it arrives, so this bounds disk, not memory.
+    max_upload_bytes: int = Field(default=512 * 1024**2, ge=1)
     # Logs of `tuneq serve`, `worker` and `dev` on stderr: "text" for people, "json" (one object
     # per line) for a log collector. Training logs in the run directory stay text either way.
     log_format: Literal["text", "json"] = "text"

@@ -7,7 +7,8 @@ directory the ranks write into, so the embedded default stores nothing twice: pu
 file that is already where the store keeps it only hashes it.
 
 Keys are ``<job id>/<path in the job>`` (``<job>/checkpoints/step-00000010/...``,
-``<job>/model/model.safetensors``, ``<job>/train.log``). What is in the store counts only once
+``<job>/model/model.safetensors``, ``<job>/train.log``), and ``files/<file id>`` for the files
+uploaded through the OpenAI-compatible API. What is in the store counts only once
 SQL lists it (``shared.db.models.Artifact``, with each file's SHA-256): a file the store holds
 that SQL does not list is an upload that never finished, and nothing reads it.
 
@@ -122,6 +123,11 @@ def _s3_filesystem(endpoint_url: str) -> Any:
 def job_key(job_id: uuid.UUID | str, path: str) -> str:
     """The store key of ``path`` (relative, ``/``-separated) in a job's artifacts."""
     return f"{job_id}/{path}"
+
+
+def file_key(file_id: str) -> str:
+    """The store key of a file uploaded through the OpenAI-compatible API (``shared.db.models.File``)."""
+    return f"files/{file_id}"
 
 
 class ArtifactStore:

@@ -7,6 +7,12 @@ Three record formats, told apart by their fields (or named by ``training.dataset
 - ``messages``: ``{"messages": [{"role": "user", "content": "..."}, ...]}``, rendered with
   the tokenizer's chat template, loss on the assistant turns.
 
+Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked against OpenAI's
+chat fine-tuning format instead (``check_openai_chat_file``): the same ``messages`` records plus
+the ``developer`` role, assistant ``tool_calls`` (with ``content: null``), an assistant's
+``weight`` (0: not trained on) and a top-level ``tools`` list. Both are checked by one walk of a
+record's messages (``_chat_problem``), so the native format accepts exactly what it did.
+
 Files are JSON Lines (read here, so a bad line is named by its number), or JSON, CSV and
 Parquet (read with the ``datasets`` library, a bad record named by its row).
 """
@@ -23,6 +29,8 @@ from typing import Any, Literal, get_args
 DatasetFormat = Literal["text", "prompt_completion", "messages"]
 FORMATS: tuple[str, ...] = get_args(DatasetFormat)
 ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's chat fine-tuning format: ``developer`` is its newer name for ``system``.
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 # File types by extension. Anything else is read as JSON Lines, the documented default.
 JSON_LINES, JSON_FILE, CSV, PARQUET = "jsonl", "json", "csv", "parquet"
 FILE_TYPES = {".jsonl": JSON_LINES, ".ndjson": JSON_LINES, ".json": JSON_FILE, ".csv": CSV, ".parquet": PARQUET}
@@ -44,6 +52,27 @@ class RecordProblem:
     @property
     def line(self) -> int:
         return int(self.where.rsplit(" ", 1)[1])
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """What is wrong with one field of a record: ``field`` is its path in the record
+    (``messages``, ``messages[1].role``), None when the problem is the record as a whole."""
+
+    field: str | None
+    message: str
+
+    def native_text(self) -> str:
+        """As the native formats phrase it after "line N": ``field "messages" must be ...``
+        (a top-level name quoted, as ``_string_field`` quotes it), ``field messages[1].role ...``."""
+        if self.field is None:
+            return self.message
+        name = f'"{self.field}"' if self.field.isidentifier() else self.field
+        return f"field {name} {self.message}"
+
+    def sentence(self, where: str) -> str:
+        """As the OpenAI-compatible API phrases it: ``line 7: messages[1].role must be ...``."""
+        return f"{where}: {self.field} {self.message}" if self.field else f"{where}: the record {self.message}"
 
 
 class DatasetError(ValueError):
@@ -139,25 +168,122 @@ def _string_field(record: dict[str, Any], name: str, *, may_be_empty: bool = Fal
     return None
 
 
-def _messages_problem(record: dict[str, Any]) -> str | None:
+def _chat_problem(record: dict[str, Any], *, openai: bool) -> FieldProblem | None:
+    """The first problem of a chat record: tuneq's ``messages`` format, or with ``openai``
+    OpenAI's chat fine-tuning format (its roles, assistant ``tool_calls`` and ``weight``, a
+    top-level ``tools`` list). One walk for both, so the two agree on everything they share."""
     messages = record.get("messages")
-    if isinstance(messages, str):  # CSV cells hold JSON text
+    if isinstance(messages, str) and not openai:  # CSV cells hold JSON text
         try:
             messages = record["messages"] = json.loads(messages)
         except json.JSONDecodeError:
-            return 'field "messages" must be a list of {"role", "content"} objects'
+            return FieldProblem("messages", 'must be a list of {"role", "content"} objects')
     if not isinstance(messages, list) or not messages:
-        return 'field "messages" must be a non-empty list of {"role", "content"} objects'
+        return FieldProblem("messages", 'must be a non-empty list of {"role", "content"} objects')
+    roles = OPENAI_ROLES if openai else ROLES
     for i, message in enumerate(messages):
+        at = f"messages[{i}]"
         if not isinstance(message, dict):
-            return f"field messages[{i}] must be an object with role and content"
-        if message.get("role") not in ROLES:
-            return f"field messages[{i}].role must be one of {', '.join(ROLES)}"
-        if not isinstance(message.get("content"), str):
-            return f"field messages[{i}].content must be a string"
+            return FieldProblem(at, "must be an object with role and content")
+        if message.get("role") not in roles:
+            return FieldProblem(f"{at}.role", f"must be one of {', '.join(roles)}")
+        if openai:
+            if (problem := _openai_message_problem(message, at)) is not None:
+                return problem
+        elif not isinstance(message.get("content"), str):
+            return FieldProblem(f"{at}.content", "must be a string")
+    if openai:
+        if not any(_trained_openai_turn(m) for m in messages):
+            return FieldProblem(
+                "messages", "has no assistant message to train on (with content or tool_calls, and weight 1)"
+            )
+        return _openai_tools_problem(record)
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-        return 'has no non-empty "assistant" message to train on'
+        return FieldProblem(None, 'has no non-empty "assistant" message to train on')
     return None
+
+
+def _trained_openai_turn(message: dict[str, Any]) -> bool:
+    """An assistant turn the loss covers: weight 1 (the default) and something said or called."""
+    said = isinstance(message.get("content"), str) and message["content"].strip()
+    return message["role"] == "assistant" and message.get("weight", 1) == 1 and bool(said or message.get("tool_calls"))
+
+
+def _string_or_absent(item: dict[str, Any], name: str, at: str) -> FieldProblem | None:
+    """An optional string field of ``item`` (found at ``at``): absent, or a string."""
+    if name in item and not isinstance(item[name], str):
+        return FieldProblem(f"{at}.{name}", "must be a string")
+    return None
+
+
+def _openai_message_problem(message: dict[str, Any], at: str) -> FieldProblem | None:
+    """One message of OpenAI's chat format, its role already checked."""
+    assistant = message["role"] == "assistant"
+    tool_calls = message.get("tool_calls")
+    content = message.get("content")
+    if not assistant:
+        for only_assistant in ("tool_calls", "weight"):
+            if only_assistant in message:
+                return FieldProblem(f"{at}.{only_assistant}", "is only allowed on assistant messages")
+    if tool_calls is not None and (problem := _tool_calls_problem(tool_calls, f"{at}.tool_calls")):
+        return problem
+    if not isinstance(content, str) and not (assistant and content is None and tool_calls):
+        # Content parts (lists of text or images) are OpenAI's vision fine-tuning; not trained here.
+        need = "a string, or null on an assistant message with tool_calls" if assistant else "a string"
+        return FieldProblem(f"{at}.content", f"must be {need}")
+    if "weight" in message and (isinstance(message["weight"], bool) or message["weight"] not in (0, 1)):
+        return FieldProblem(f"{at}.weight", "must be 0 (not trained on) or 1")
+    return _string_or_absent(message, "name", at) or _string_or_absent(message, "tool_call_id", at)
+
+
+def _tool_calls_problem(tool_calls: Any, at: str) -> FieldProblem | None:
+    if not isinstance(tool_calls, list) or not tool_calls:
+        return FieldProblem(at, 'must be a non-empty list of {"id", "type": "function", "function"} objects')
+    for i, call in enumerate(tool_calls):
+        here = f"{at}[{i}]"
+        if not isinstance(call, dict):
+            return FieldProblem(here, 'must be an object like {"id", "type": "function", "function"}')
+        if call.get("type", "function") != "function":
+            return FieldProblem(f"{here}.type", 'must be "function"')
+        if (problem := _string_or_absent(call, "id", here)) is not None:
+            return problem
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return FieldProblem(f"{here}.function", 'must be an object like {"name", "arguments"}')
+        for name in ("name", "arguments"):  # arguments: the call's JSON, as a string
+            if not isinstance(function.get(name), str):
+                return FieldProblem(f"{here}.function.{name}", "must be a string")
+    return None
+
+
+def _openai_tools_problem(record: dict[str, Any]) -> FieldProblem | None:
+    """The record's ``tools``, when it has any: the functions its assistant may call."""
+    tools = record.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return FieldProblem("tools", 'must be a list of {"type": "function", "function": {...}} objects')
+    for i, tool in enumerate(tools):
+        here = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            return FieldProblem(here, 'must be an object like {"type": "function", "function": {...}}')
+        if tool.get("type") != "function":
+            return FieldProblem(f"{here}.type", 'must be "function"')
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            return FieldProblem(f"{here}.function", 'must be an object like {"name", "description", "parameters"}')
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            return FieldProblem(f"{here}.function.name", "must be a non-empty string")
+        if "parameters" in function and not isinstance(function["parameters"], dict):
+            return FieldProblem(f"{here}.function.parameters", "must be a JSON Schema object")
+    return None
+
+
+def openai_chat_problem(record: Any) -> FieldProblem | None:
+    """What is wrong with one record of OpenAI's chat fine-tuning format, or None."""
+    if not isinstance(record, dict):
+        return FieldProblem(None, 'must be a JSON object like {"messages": [...]}')
+    return _chat_problem(record, openai=True)
 
 
 def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
@@ -168,7 +294,8 @@ def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
         return _string_field(record, "text")
     if dataset_format == "prompt_completion":
         return _string_field(record, "prompt", may_be_empty=True) or _string_field(record, "completion")
-    return _messages_problem(record)
+    problem = _chat_problem(record, openai=False)
+    return None if problem is None else problem.native_text()
 
 
 def detect_file_format(path: Path) -> DatasetFormat:
@@ -215,10 +342,38 @@ def read_records(path: Path, *, dataset_format: DatasetFormat | None = None) -> 
             records.rows.append(item)
             records.where.append(where)
     if problems:
-        shown = "; ".join(f"{p.where} {p.message}" for p in problems[:MAX_REPORTED_PROBLEMS])
-        more = len(problems) - MAX_REPORTED_PROBLEMS
-        suffix = f"; and {more} more bad records" if more > 0 else ""
-        raise DatasetError(f"{path.name}: {shown}{suffix}", problems)
+        raise DatasetError(f"{path.name}: {_summary([f'{p.where} {p.message}' for p in problems])}", problems)
     if records is None or not records.rows:
         raise DatasetError(f"{path.name} has no records: add records like {EXAMPLES['text']}")
     return records
+
+
+def _summary(sentences: list[str]) -> str:
+    """The first ``MAX_REPORTED_PROBLEMS`` bad records' sentences, and how many more there are."""
+    more = len(sentences) - MAX_REPORTED_PROBLEMS
+    return "; ".join(sentences[:MAX_REPORTED_PROBLEMS]) + (f"; and {more} more bad records" if more > 0 else "")
+
+
+def check_openai_chat_file(path: Path) -> int:
+    """Check a JSON Lines file against OpenAI's chat fine-tuning format, every line of it:
+    the number of records, or a DatasetError whose message names the first bad ones
+    (``line 7: messages[1].role must be one of ...``). Read a line at a time."""
+    problems: list[RecordProblem] = []
+    sentences: list[str] = []
+    count = 0
+    for where, item in iter_json_lines(path):
+        if isinstance(item, RecordProblem):  # not JSON, not UTF-8
+            problem = item
+            sentences.append(FieldProblem(None, item.message).sentence(where))
+        elif (found := openai_chat_problem(item)) is not None:
+            problem = RecordProblem(where, found.native_text())
+            sentences.append(found.sentence(where))
+        else:
+            count += 1
+            continue
+        problems.append(problem)
+    if problems:
+        raise DatasetError(_summary(sentences), problems)
+    if count == 0:
+        raise DatasetError('the file has no records: add one JSON object per line, like {"messages": [...]}')
+    return count

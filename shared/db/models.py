@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint
@@ -330,6 +330,27 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = _timestamp()
 
 
+class FileBase(SQLModel):
+    filename: str = Field(max_length=255)  # as the client named it; never a path anywhere
+    purpose: str = Field(max_length=40)  # OpenAI's purpose; tuneq takes "fine-tune" only
+    bytes: int = Field(sa_type=BigInteger)  # fine-tuning files reach 512 MiB, past a 32-bit int
+
+
+class File(FileBase, table=True):
+    """A file uploaded through the OpenAI-compatible API (``POST /v1/files``), checked as
+    OpenAI's chat fine-tuning format on the way in. Its bytes are in the artifact store under
+    ``files/<id>`` (``shared.artifacts.store.file_key``), put there before this row is committed:
+    a row always has its bytes, and bytes without a row are an upload that never finished."""
+
+    __tablename__ = "files"
+
+    id: str = Field(primary_key=True, max_length=64)  # "file-<random>", OpenAI's form of id
+    # Who uploaded it (an API key's owner): other owners' requests never see it.
+    owner: str = Field(max_length=200, index=True)
+    sha256: str = Field(max_length=64)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 # ---- public shapes ---------------------------------------------------------------------
 
 
@@ -464,3 +485,47 @@ class EventPublic(SQLModel):
 class EventsPublic(SQLModel):
     data: list[EventPublic]
     next_cursor: int | None
+
+
+# ---- public shapes of the OpenAI-compatible API (/v1): OpenAI's own, field for field ----
+
+
+class FilePublic(FileBase):
+    """OpenAI's File object (the SDK's ``openai.types.FileObject``)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # type: ignore[assignment]
+
+    id: str
+    object: Literal["file"] = "file"
+    created_at: int  # Unix seconds, as OpenAI gives every time
+    # Deprecated by OpenAI; a file tuneq keeps was checked whole at upload, so always "processed".
+    status: Literal["processed"] = "processed"
+    expires_at: int | None = None  # tuneq's files do not expire
+    status_details: str | None = None
+
+    @classmethod
+    def from_file(cls, file: File) -> FilePublic:
+        created = int(_as_utc(file.created_at).timestamp())
+        return cls(id=file.id, filename=file.filename, purpose=file.purpose, bytes=file.bytes, created_at=created)
+
+
+class FileListPublic(SQLModel):
+    """One page of files, as OpenAI lists them: ask again with ``after=last_id`` while ``has_more``."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # type: ignore[assignment]
+
+    object: Literal["list"] = "list"
+    data: list[FilePublic]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeletedPublic(SQLModel):
+    """OpenAI's answer to a delete (the SDK's ``openai.types.FileDeleted``)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # type: ignore[assignment]
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool

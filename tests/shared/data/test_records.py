@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.data.records import DatasetError, read_records
+from shared.data.records import DatasetError, check_openai_chat_file, read_records
 
 
 def read_text_records(path: Path) -> list[str]:
@@ -159,3 +159,101 @@ def test_json_array_and_parquet(tmp_path: Path) -> None:
 def test_unreadable_table_says_so(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"d.parquet cannot be read as PARQUET"):
         read_records(write(tmp_path / "d.parquet", "not parquet"))
+
+
+# OpenAI's chat fine-tuning format (POST /v1/files): a system prompt, a developer note, a tool
+# call with null content and its result, an untrained (weight 0) turn and the tools offered.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+OPENAI_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "developer", "content": "Use the tools."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "Let me think.", "weight": 0},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 3}'},
+        {"role": "assistant", "content": "3 degrees.", "weight": 1},
+    ],
+    "tools": [WEATHER_TOOL],
+    "parallel_tool_calls": False,
+}
+
+
+def with_message(index: int, **fields: object) -> dict[str, object]:
+    """OPENAI_CHAT with message ``index`` changed (a field set to None is removed)."""
+    messages = [dict(m) for m in OPENAI_CHAT["messages"]]
+    messages[index].update(fields)
+    messages[index] = {k: v for k, v in messages[index].items() if v is not None or k == "content"}
+    return {**OPENAI_CHAT, "messages": messages}
+
+
+def test_openai_chat_records_with_tools_and_weights_are_accepted(tmp_path: Path) -> None:
+    assert check_openai_chat_file(write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT, {"messages": CONVERSATION}])) == 2
+
+
+def test_the_native_messages_format_still_refuses_what_only_openai_allows(tmp_path: Path) -> None:
+    """/jobs accepts what it did: no developer role, no null content with tool_calls."""
+    with pytest.raises(DatasetError, match=r"line 1 field messages\[1\].role must be one of system, user, assistant"):
+        read_records(write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT]), dataset_format="messages")
+    with pytest.raises(DatasetError, match=r"line 1 field messages\[1\].content must be a string"):
+        read_records(write_jsonl(tmp_path / "d.jsonl", [with_message(1, role="user", content=None)]))
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (with_message(1, role="robot"), "messages[1].role must be one of system, developer, user, assistant, tool"),
+        ({"messages": []}, 'messages must be a non-empty list of {"role", "content"} objects'),
+        ({"messages": json.dumps(CONVERSATION)}, "messages must be a non-empty list"),  # a string: CSV only
+        (["hi"], 'the record must be a JSON object like {"messages": [...]}'),
+        (with_message(2, content=None), "messages[2].content must be a string"),
+        (with_message(2, content=[{"type": "text", "text": "hi"}]), "messages[2].content must be a string"),
+        (with_message(4, tool_calls=None), "messages[4].content must be a string, or null on an assistant message"),
+        (with_message(4, tool_calls=[]), "messages[4].tool_calls must be a non-empty list"),
+        (
+            with_message(4, tool_calls=[{**TOOL_CALL, "type": "code"}]),
+            'messages[4].tool_calls[0].type must be "function"',
+        ),
+        (
+            with_message(4, tool_calls=[{**TOOL_CALL, "function": {"name": "f", "arguments": {"city": "Oslo"}}}]),
+            "messages[4].tool_calls[0].function.arguments must be a string",
+        ),
+        (with_message(2, tool_calls=[TOOL_CALL]), "messages[2].tool_calls is only allowed on assistant messages"),
+        (with_message(2, weight=0), "messages[2].weight is only allowed on assistant messages"),
+        (with_message(3, weight=2), "messages[3].weight must be 0 (not trained on) or 1"),
+        (with_message(3, weight=True), "messages[3].weight must be 0 (not trained on) or 1"),
+        (with_message(5, tool_call_id=5), "messages[5].tool_call_id must be a string"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "weight": 0}]},
+            "messages has no assistant message to train on",
+        ),
+        ({**OPENAI_CHAT, "tools": {"get_weather": {}}}, "tools must be a list"),
+        ({**OPENAI_CHAT, "tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name must be"),
+    ],
+)
+def test_a_bad_openai_chat_record_is_named_by_line_and_field(tmp_path: Path, record: object, expected: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT] * 6 + [record] + [OPENAI_CHAT])
+    with pytest.raises(DatasetError) as e:
+        check_openai_chat_file(path)
+    assert str(e.value).startswith(f"line 7: {expected}"), str(e.value)
+    assert [p.line for p in e.value.problems] == [7]
+
+
+def test_openai_chat_file_problems_are_summarised_and_json_errors_named(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", json.dumps(OPENAI_CHAT) + "\n\n{oops\n" + '{"text": "x"}\n' * 6)
+    with pytest.raises(DatasetError) as e:
+        check_openai_chat_file(path)
+    message = str(e.value)
+    assert message.startswith("line 3: the record is not valid JSON (")  # the blank line 2 still counts
+    assert "; line 4: messages must be a non-empty list" in message
+    assert "line 7: messages" in message and "line 8" not in message and message.endswith("; and 2 more bad records")
+    assert len(e.value.problems) == 7
+
+
+def test_an_openai_chat_file_without_records_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="the file has no records"):
+        check_openai_chat_file(write(tmp_path / "d.jsonl", "\n \n"))

@@ -45,7 +45,7 @@ from tests.services import fresh_postgres_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAD = ", ".join(head_revisions())
-TABLES = {"jobs", "job_events", "job_metrics", "checkpoints", "workers", "api_keys"}
+TABLES = {"jobs", "job_events", "job_metrics", "checkpoints", "workers", "api_keys", "files"}
 
 
 @pytest.fixture
