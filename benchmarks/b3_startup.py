@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import httpx
+
 from benchmarks import workload
 from benchmarks.results import Check, Result, Stat
 from benchmarks.training_runs import TuneqDev, alternate, metric_times, tuneq_dev
@@ -40,10 +42,10 @@ def _cold(work: Path, env: dict[str, str], repeat: int) -> Startup:
     return Startup(recorded["step_times"][0] - started, {})
 
 
-def _phases(dev: TuneqDev, job_id: str, submitted: float, first_step: float) -> dict[str, float]:
+def start_phases(client: httpx.Client, job_id: str, submitted: float, first_step: float) -> dict[str, float]:
     """Seconds spent in each part of the start, from when the job's events were recorded
     (the plan event is recorded when the worker reads it: up to one ingest poll late)."""
-    events = dev.client.get(f"/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    events = client.get(f"/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
     at: dict[str, float] = {}
     for e in events:
         key = f"status:{e['data'].get('status')}" if e["type"] == "status" else e["type"]
@@ -63,7 +65,7 @@ def _tuneq(dev: TuneqDev, work: Path, repeat: int) -> Startup:
     submitted = time.time()
     job_id, _ = dev.run_job(workload.job_body(work, name=f"b3-{repeat}", max_steps=STEPS), timeout=JOB_TIMEOUT_SECONDS)
     first_step = metric_times(dev.metrics(job_id))[0]
-    return Startup(first_step - submitted, _phases(dev, job_id, submitted, first_step))
+    return Startup(first_step - submitted, start_phases(dev.client, job_id, submitted, first_step))
 
 
 def run(repeats: int) -> list[Result]:

@@ -54,6 +54,12 @@ def _b7(repeats: int) -> list[Result]:
     return b7_artifacts.run(repeats)
 
 
+def _b8(repeats: int) -> list[Result]:
+    from benchmarks import b8_multi_node
+
+    return b8_multi_node.run(repeats)
+
+
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "training": (("B1", "B6"), _b1_b6),
@@ -62,6 +68,7 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "api": (("B4",), _b4),
     "events": (("B5",), _b5),
     "artifacts": (("B7",), _b7),
+    "multi_node": (("B8",), _b8),
 }
 
 

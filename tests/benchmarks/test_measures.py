@@ -136,3 +136,43 @@ def test_checkpoint_bytes_is_the_newest_deepspeed_checkpoint() -> None:
     ]
     assert checkpoint_bytes(artifacts) == 305
     assert checkpoint_bytes([{"kind": "log", "step": None, "size": 7}]) == 0
+
+
+def test_the_multi_node_job_is_b1s_world_spread_over_the_nodes(tmp_path: Path) -> None:
+    from benchmarks import workload
+    from benchmarks.b8_multi_node import job_body
+
+    one = job_body(tmp_path, name="one", num_nodes=1)
+    two = job_body(tmp_path, name="two", num_nodes=2)
+    assert (one["num_nodes"], one["num_gpus"]) == (1, workload.RANKS)
+    assert (two["num_nodes"], two["num_gpus"]) == (2, workload.RANKS // 2)
+    # The same world size, so the same DeepSpeed config and batches: only the placement differs.
+    assert {k: v for k, v in one.items() if k not in ("name", "num_gpus", "num_nodes")} == {
+        k: v for k, v in two.items() if k not in ("name", "num_gpus", "num_nodes")
+    }
+    assert two["training"]["log_every_steps"] == 1
+    with pytest.raises(ValueError, match="do not split"):
+        job_body(tmp_path, name="three", num_nodes=3)
+
+
+def test_omp_threads_are_the_launchers_share_of_a_workers_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.b8_multi_node import omp_threads
+    from shared.jobs.hardware import Hardware
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    two_cores = Hardware("cpu", 2)
+    assert omp_threads(two_cores, ranks_per_node=2) == 1  # the 1-node job's ranks
+    assert omp_threads(two_cores, ranks_per_node=1) == 2  # a 2-node job's lone rank per worker
+    assert omp_threads(Hardware("cuda", 8), ranks_per_node=8) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the workers' environment wins, as in the launcher
+    assert omp_threads(two_cores, ranks_per_node=1) == 3
+
+
+def test_the_clusters_store_is_the_moto_bucket() -> None:
+    from benchmarks.b7_artifacts import BUCKET
+    from benchmarks.b8_multi_node import store_env
+
+    env = store_env("http://127.0.0.1:5000")
+    assert env["TUNEQ_S3_ENDPOINT_URL"] == "http://127.0.0.1:5000"
+    assert env["TUNEQ_ARTIFACTS_URI"] == f"s3://{BUCKET}/b8"
+    assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"]
