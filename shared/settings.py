@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     # The largest file POST /v1/files takes (OpenAI's limit for a fine-tuning file, 512 MiB);
     # past it 413. The upload is spooled to disk as it arrives, so this bounds disk, not memory.
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1)
+    # Memory of one device, which the DeepSpeed config tuneq chooses for a job without one is
+    # planned for (shared.deepspeed.chosen): a GPU's on CUDA workers (80: an A100 or H100 80GB),
+    # a rank's share of host memory on CPU workers. Workers do not report it, and a
+    # deployment's GPUs are one kind in practice.
+    device_memory_gib: float = Field(default=80.0, gt=0)
     # Logs of `tuneq serve`, `worker` and `dev` on stderr: "text" for people, "json" (one object
     # per line) for a log collector. Training logs in the run directory stay text either way.
     log_format: Literal["text", "json"] = "text"
@@ -152,6 +157,10 @@ class Settings(BaseSettings):
     def cache_dir(self) -> Path:
         """Downloads and tokenized datasets, keyed by content, shared by the jobs of a host."""
         return self.home / "cache"
+
+    @property
+    def device_memory_bytes(self) -> int:
+        return int(self.device_memory_gib * 2**30)
 
     @property
     def allowed_root_paths(self) -> list[Path]:
