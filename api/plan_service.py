@@ -77,11 +77,11 @@ def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: 
     from shared.jobs.validation import Problem
 
     hardware = deployment_hardware(session=session, settings=settings)
-    resolved = validate_job_request(job_in, settings=settings, hardware=hardware).deepspeed_config
+    validated = validate_job_request(job_in, settings=settings, hardware=hardware)
     if problems := resume_from_problems(session=session, job_in=job_in, owner=owner):
         raise JobValidationError(problems)
     future: Future[dict[str, Any]] = _plan_executor().submit(
-        _plan_in_child, job_in.model_dump_json(), resolved, settings.model_dump_json()
+        _plan_in_child, job_in.model_dump_json(), validated.deepspeed_config, settings.model_dump_json()
     )
     try:
         answer = future.result(timeout=PLAN_TIMEOUT_SECONDS)
@@ -90,4 +90,5 @@ def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: 
         raise
     if "problems" in answer:
         raise JobValidationError([Problem(tuple(p["loc"]), p["message"]) for p in answer["problems"]])
-    return JobPlan.model_validate(answer["plan"])
+    plan = JobPlan.model_validate(answer["plan"])
+    return plan.model_copy(update={"deepspeed_config_chosen": validated.deepspeed_config_chosen})

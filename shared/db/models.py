@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
 
@@ -80,6 +80,9 @@ class Job(SQLModel, table=True):
     # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
     dataset_stats: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    # The request named no DeepSpeed config: deepspeed_config is the one tuneq chose for it
+    # (shared.deepspeed.chosen).
+    deepspeed_config_chosen: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     # The config as run: "auto" values filled (at submit, then by the worker).
     resolved_deepspeed_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     num_gpus: int  # per node
@@ -389,6 +392,7 @@ class JobPublic(SQLModel):
     resume_from: dict[str, Any] | None
     dataset_stats: dict[str, Any] | None
     deepspeed_config: dict[str, Any]
+    deepspeed_config_chosen: bool
     resolved_deepspeed_config: dict[str, Any] | None
     num_gpus: int
     num_nodes: int

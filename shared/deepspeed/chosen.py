@@ -88,7 +88,8 @@ class ChosenDeepSpeedConfig:
 
 
 def _first_int(model_config: dict[str, Any], *keys: str) -> int | None:
-    for source in (model_config, model_config.get("text_config") or {}):
+    text_config = model_config.get("text_config")
+    for source in (model_config, text_config if isinstance(text_config, dict) else {}):
         for key in keys:
             value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:

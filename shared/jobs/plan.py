@@ -46,6 +46,8 @@ class MemoryEstimate(BaseModel):
 class JobPlan(BaseModel):
     world_size: int
     resolved_deepspeed_config: dict[str, Any]
+    # The request named no DeepSpeed config: the one above is what tuneq chose for it.
+    deepspeed_config_chosen: bool = False
     train_batch_size: int
     micro_batch_per_gpu: int
     gradient_accumulation_steps: int

@@ -175,8 +175,12 @@ class JobCreate(BaseModel):
     validation_dataset: str | None = Field(
         default=None, min_length=1, max_length=4000, description="Held-out records for eval_loss, in the same format."
     )
-    deepspeed_config: dict[str, Any] = Field(
-        description="A DeepSpeed config, exactly as deepspeed.initialize takes it."
+    deepspeed_config: dict[str, Any] | None = Field(
+        default=None,
+        description="A DeepSpeed config, exactly as deepspeed.initialize takes it. Left out, tuneq chooses one "
+        "from the model's size, the workers' hardware and the world size (bf16, ZeRO-2 or ZeRO-3 and CPU offload "
+        "as memory requires, AdamW with warmup and linear decay), stored as the job's deepspeed_config with "
+        "deepspeed_config_chosen true.",
     )
     num_gpus: int = Field(
         default=1,

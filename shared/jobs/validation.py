@@ -15,6 +15,7 @@ from typing import Any
 from shared.data.records import DatasetError, read_records
 from shared.data.remote import local_path, parse_dataset_uri
 from shared.deepspeed.auto_values import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
+from shared.deepspeed.chosen import DeepSpeedChoiceError, choose_deepspeed_config
 from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config
 from shared.deepspeed.safety import sanitize_deepspeed_config
 from shared.jobs.hardware import Hardware, hardware_problems
@@ -122,31 +123,52 @@ def settled_training(job_in: JobCreate, model_config: dict[str, Any] | None) -> 
 
 
 def resolve_auto_at_submit(
-    job_in: JobCreate, model_config: dict[str, Any] | None
+    job_in: JobCreate, deepspeed_config: dict[str, Any], model_config: dict[str, Any] | None
 ) -> tuple[dict[str, Any], list[Problem]]:
-    """Fill the "auto" values the API can know now; the rest wait for the worker."""
+    """Fill the "auto" values of the job's ``deepspeed_config`` the API can know now; the rest
+    wait for the worker."""
     problems = [
         Problem(
             ("body", "deepspeed_config", *key.split(".")),
             f"'auto' is not supported for {key}: tuneq fills 'auto' only for "
             f"{', '.join(sorted(FILLABLE))}; give a value",
         )
-        for key in auto_keys(job_in.deepspeed_config)
+        for key in auto_keys(deepspeed_config)
         if key not in FILLABLE
     ]
     hidden_size = hidden_size_of(model_config) if model_config is not None else None
     inputs = AutoInputs(job_in.training, job_in.world_size, hidden_size=hidden_size)
-    return fill_auto(job_in.deepspeed_config, inputs), problems
+    return fill_auto(deepspeed_config, inputs), problems
+
+
+def submitted_deepspeed_config(
+    job_in: JobCreate, *, model_config: dict[str, Any] | None, settings: Settings, hardware: Hardware | None
+) -> dict[str, Any]:
+    """The request's DeepSpeed config, or the one tuneq chooses when it names none. Raises
+    DeepSpeedChoiceError when no choice fits."""
+    if job_in.deepspeed_config is not None:
+        return job_in.deepspeed_config
+    return choose_deepspeed_config(
+        model_config=model_config,
+        hardware=hardware,
+        num_gpus=job_in.num_gpus,
+        num_nodes=job_in.num_nodes,
+        training=job_in.training,
+        device_memory_bytes=settings.device_memory_bytes,
+    ).config
 
 
 @dataclass(frozen=True)
 class ValidatedRequest:
-    """What submit settles about a valid request: the DeepSpeed config with "auto" filled as far
-    as the API can (the worker fills the rest: total steps, a hub model's hidden size), and the
+    """What submit settles about a valid request: the DeepSpeed config as the request gave it
+    or as tuneq chose it (``deepspeed_config_chosen``), that config with "auto" filled as far as
+    the API can (the worker fills the rest: total steps, a hub model's hidden size), and the
     training options with a local model's limits applied."""
 
+    submitted_deepspeed_config: dict[str, Any]
     deepspeed_config: dict[str, Any]
     training: TrainingOptions
+    deepspeed_config_chosen: bool
 
 
 def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware | None) -> ValidatedRequest:
@@ -172,7 +194,11 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
     problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
     if job_in.validation_dataset is not None:
         problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")
-    resolved, auto_problems = resolve_auto_at_submit(job_in, model_config)
+    try:
+        submitted = submitted_deepspeed_config(job_in, model_config=model_config, settings=settings, hardware=hardware)
+    except DeepSpeedChoiceError as e:
+        raise JobValidationError([*problems, Problem(("body", "deepspeed_config"), str(e))]) from None
+    resolved, auto_problems = resolve_auto_at_submit(job_in, submitted, model_config)
     problems += auto_problems
     # Keys that would read or write files, import modules or call out: refused here; the ones
     # tuneq rewrites under the run directory are rewritten by the worker, which knows it.
@@ -200,4 +226,9 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         )
     if problems:
         raise JobValidationError(problems)
-    return ValidatedRequest(deepspeed_config=resolved, training=training)
+    return ValidatedRequest(
+        submitted_deepspeed_config=submitted,
+        deepspeed_config=resolved,
+        training=training,
+        deepspeed_config_chosen=job_in.deepspeed_config is None,
+    )

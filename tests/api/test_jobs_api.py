@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -382,3 +383,47 @@ def test_an_open_stream_holds_no_database_connection(client: TestClient, body: d
         while pool.checkedout() and time.monotonic() < deadline:  # type: ignore[attr-defined]
             time.sleep(0.01)
         assert pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_a_job_without_deepspeed_config_gets_the_one_tuneq_chooses(
+    client: TestClient, body: dict[str, Any], model_dir: Path
+) -> None:
+    from tests.shared.deepspeed.test_chosen import LLAMA_7B
+
+    # A 7B-shaped model and one live 80 GB GPU (TUNEQ_DEVICE_MEMORY_GIB's default): its Adam
+    # state cannot stay on the GPU, so the choice is ZeRO-3 with the optimizer in CPU memory.
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_7B))
+    with Session(get_engine()) as session:
+        session.add(Worker(id="w1", hostname="h", accelerator="cuda", device_count=1))
+        session.commit()
+    without = {key: value for key, value in body.items() if key != "deepspeed_config"}
+    response = client.post("/jobs", json={**without, "training": {"micro_batch_size": 2}})
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["deepspeed_config_chosen"] is True
+    chosen = job["deepspeed_config"]
+    assert chosen["zero_optimization"]["stage"] == 3
+    assert chosen["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert chosen["bf16"] == {"enabled": True} and chosen["optimizer"]["type"] == "AdamW"
+    resolved = job["resolved_deepspeed_config"]
+    assert (resolved["train_micro_batch_size_per_gpu"], resolved["train_batch_size"]) == (2, 2)  # from training
+    assert resolved["zero_optimization"]["reduce_bucket_size"] == 4096 * 4096  # the model's hidden size
+    assert client.get(f"/jobs/{job['id']}").json() == job
+    given = client.post("/jobs", json=body).json()
+    assert given["deepspeed_config_chosen"] is False and given["deepspeed_config"] == body["deepspeed_config"]
+
+
+def test_a_model_too_large_for_any_choice_is_422_saying_what_to_change(
+    client: TestClient, body: dict[str, Any], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import get_settings
+    from tests.shared.deepspeed.test_chosen import LLAMA_7B
+
+    monkeypatch.setenv("TUNEQ_DEVICE_MEMORY_GIB", "0.5")
+    get_settings.cache_clear()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_7B))
+    response = client.post("/jobs", json={key: value for key, value in body.items() if key != "deepspeed_config"})
+    assert response.status_code == 422, response.text
+    problem = response.json()["detail"][0]
+    assert problem["loc"] == ["body", "deepspeed_config"] and "use more GPUs" in problem["msg"]
+    assert job_count() == 0
