@@ -953,8 +953,13 @@ def submit(
     model: Annotated[str, typer.Option(help="A hub id (org/name) or a local model directory.")],
     dataset: Annotated[str, typer.Option(help="A dataset path or URI (file://, s3://, https://, hf://).")],
     deepspeed: Annotated[
-        str, typer.Option("--deepspeed", help="The DeepSpeed config: a JSON file (or @file, or inline JSON).")
-    ],
+        str | None,
+        typer.Option(
+            "--deepspeed",
+            help="The DeepSpeed config: a JSON file (or @file, or inline JSON). Left out, tuneq chooses one "
+            "for the model's size and the workers' hardware (shown in `tuneq show`).",
+        ),
+    ] = None,
     num_gpus: Annotated[int, typer.Option(min=1, help="Ranks to launch on each node: GPUs, or CPU processes.")] = 1,
     num_nodes: Annotated[
         int,
@@ -977,9 +982,10 @@ def submit(
     body: dict[str, Any] = {
         "model": _absolute_if_local(model),
         "dataset": _absolute_if_local(dataset),
-        "deepspeed_config": _load_json_option(deepspeed, option="--deepspeed", file_by_default=True),
         "num_gpus": num_gpus,
     }
+    if deepspeed is not None:
+        body["deepspeed_config"] = _load_json_option(deepspeed, option="--deepspeed", file_by_default=True)
     if num_nodes != 1:
         # Only when asked for: a one-node submit's body stays what a server without
         # multi-node jobs accepts (it refuses fields it does not know).

@@ -801,6 +801,13 @@ def test_submit_sends_the_body_and_prints_the_job(api: FakeApi, tmp_path: Path) 
     assert api.requests[1]["headers"]["Idempotency-Key"] == "k-1"
 
 
+def test_submit_without_deepspeed_sends_no_config_for_tuneq_to_choose(api: FakeApi) -> None:
+    api.json("POST", "/jobs", job("queued"), status=201)
+    result = invoke(api, "submit", "--model", "m/m", "--dataset", "/d.jsonl")
+    assert result.exit_code == 0, result.output
+    assert json.loads(api.requests[0]["body"]) == {"model": "m/m", "dataset": "/d.jsonl", "num_gpus": 1}
+
+
 def test_submit_num_nodes(api: FakeApi) -> None:
     api.json("POST", "/jobs", job("queued", num_gpus=4, num_nodes=2), status=201)
     args = ["submit", "--model", "m/m", "--dataset", "/d.jsonl", "--deepspeed", "{}", "--num-gpus", "4"]
