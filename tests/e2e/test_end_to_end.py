@@ -303,3 +303,26 @@ def test_a_hugging_face_docs_config_with_auto_values(service: Tuneq, home: Path)
     assert not elsewhere.exists()
     monitor = Path(resolved["csv_monitor"]["output_path"])
     assert monitor.is_relative_to(home / "runs" / job["id"]) and any(monitor.rglob("*.csv"))
+
+
+def test_a_job_without_deepspeed_config_runs_the_config_tuneq_chooses(service: Tuneq, home: Path) -> None:
+    """No DeepSpeed knowledge needed: the plan and the job show the chosen config, and it trains."""
+    training = {"max_steps": 6, "max_seq_length": 64, "learning_rate": 2e-3, "warmup_steps": 2}
+    request = job_body(home, "varied.jsonl", training=training)
+    plan = service.client.post("/jobs/plan", json=request)
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["deepspeed_config_chosen"] is True and plan.json()["total_steps"] == 6
+    job = service.submit(request)
+    chosen = job["deepspeed_config"]
+    assert job["deepspeed_config_chosen"] is True
+    # The tiny model on a CPU worker: ZeRO-2, nothing offloaded, bf16 (fp16 needs a GPU).
+    assert chosen["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in chosen["zero_optimization"]
+    assert chosen["bf16"] == {"enabled": True} and chosen["fp16"] == {"enabled": False}
+    job = service.wait(job["id"])
+    metrics = check_succeeded(service, job, steps=6)
+    resolved = job["resolved_deepspeed_config"]
+    assert resolved["scheduler"]["type"] == "WarmupDecayLR"
+    assert resolved["scheduler"]["params"]["total_num_steps"] == 6  # filled by the worker
+    rates = [m["learning_rate"] for m in metrics]
+    assert rates[0] < rates[1] == pytest.approx(2e-3) and rates[-1] < rates[1]  # warmup, then linear decay
+    check_exported_model(exported_model(service, job), home / "data" / "tiny-gpt-neo")
