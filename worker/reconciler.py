@@ -17,12 +17,11 @@ import threading
 from datetime import timedelta
 
 from shared.db.engine import session_scope
-from shared.db.gangs import lost_nodes, place_gangs, publish_node_starts, release_gang
+from shared.db.gangs import lost_nodes, place_gangs, publish_node_starts, release_attempt, release_gang
 from shared.db.lifecycle import (
     expired_leases,
     mark_published,
     prune_workers,
-    release_job,
     route_job,
     unpublished_jobs,
 )
@@ -43,10 +42,7 @@ def reconcile_once(*, settings: Settings) -> None:
     with session_scope() as session:
         for job in expired_leases(session=session, now=now):
             reason = f"the worker running this job ({job.worker_id}) stopped renewing its lease"
-            if job.num_nodes > 1:
-                outcome = release_gang(session=session, job=job, reason=reason, failed_node=0)
-            else:
-                outcome = release_job(session=session, job=job, reason=reason)
+            outcome = release_attempt(session=session, job=job, reason=reason, failed_node=0)
             if outcome is not None:
                 logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
         for job, node in lost_nodes(session=session, now=now):

@@ -27,7 +27,7 @@ from typing import Any
 from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
 from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import is_transient_database_error, session_scope
-from shared.db.gangs import claim_node, finish_node, release_gang, renew_node_lease
+from shared.db.gangs import claim_node, finish_node, release_attempt, renew_node_lease
 from shared.db.lifecycle import (
     ACTIVE,
     claim_job,
@@ -35,7 +35,6 @@ from shared.db.lifecycle import (
     job_status,
     mark_unpublished,
     record_event,
-    release_job,
     renew_lease,
     rewind_job,
 )
@@ -873,7 +872,4 @@ def _release(
         job = session.get(Job, job_id, populate_existing=True)
         if job is None or job.attempts != number or job.status not in ACTIVE:
             return
-        if job.num_nodes > 1:
-            release_gang(session=session, job=job, reason=reason, code=code, failed_node=node_rank)
-        else:
-            release_job(session=session, job=job, reason=reason, code=code)
+        release_attempt(session=session, job=job, reason=reason, code=code, failed_node=node_rank)

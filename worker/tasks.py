@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -197,14 +198,10 @@ def run_job_task(self: JobTask, job_id: str) -> None:
         with session_scope() as session:
             mark_unpublished(session=session, job_id=uuid.UUID(job_id))
         return
-    with session_scope() as session:
-        set_worker_idle(session=session, worker_id=_worker_id, idle=False)
-    if self.launcher is None:  # run outside a pool process (Celery's solo pool)
-        self.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
-    try:
-        run_job(uuid.UUID(job_id), settings=get_settings(), launcher=self.launcher, worker_id=_worker_id)
-    finally:
-        _idle_again()
+    _while_busy(
+        self,
+        lambda launcher: run_job(uuid.UUID(job_id), settings=get_settings(), launcher=launcher, worker_id=_worker_id),
+    )
 
 
 @celery_app.task(name=RUN_NODE_TASK, base=JobTask, bind=True)
@@ -213,19 +210,28 @@ def run_node_task(self: JobTask, job_id: str, attempt: int, node_rank: int) -> N
     stops or whose disk is full does not start it: the gang's start deadline releases it."""
     if _stopping.is_set() or check_disk() is not None:
         return
-    with session_scope() as session:
-        set_worker_idle(session=session, worker_id=_worker_id, idle=False)
-    if self.launcher is None:
-        self.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
-    try:
-        run_node(
+    _while_busy(
+        self,
+        lambda launcher: run_node(
             uuid.UUID(job_id),
             attempt=attempt,
             node_rank=node_rank,
             settings=get_settings(),
-            launcher=self.launcher,
+            launcher=launcher,
             worker_id=_worker_id,
-        )
+        ),
+    )
+
+
+def _while_busy(task: JobTask, run: Callable[[Launcher], None]) -> None:
+    """Run a job (or a node of one) with the pool process's launcher, this worker marked busy
+    meanwhile, then idle again."""
+    with session_scope() as session:
+        set_worker_idle(session=session, worker_id=_worker_id, idle=False)
+    if task.launcher is None:  # run outside a pool process (Celery's solo pool)
+        task.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
+    try:
+        run(task.launcher)
     finally:
         _idle_again()
 

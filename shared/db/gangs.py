@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, text, update
+from sqlalchemy import ColumnElement, func, text, update
 from sqlmodel import Session, col, select
 
 from shared.db.lifecycle import ACTIVE, live_since, live_worker, record_event, release_job
@@ -351,6 +351,21 @@ def release_gang(
     return release_job(session=session, job=job, reason=reason, code=code)
 
 
+def release_attempt(
+    *,
+    session: Session,
+    job: Job,
+    reason: str,
+    code: ErrorCode = ErrorCode.worker_lost,
+    failed_node: int | None = None,
+) -> JobStatus | None:
+    """End a job's attempt without an outcome of its own: a multi-node job's on every node
+    (``release_gang``), a one-node job's as ``release_job`` does."""
+    if job.num_nodes > 1:
+        return release_gang(session=session, job=job, reason=reason, code=code, failed_node=failed_node)
+    return release_job(session=session, job=job, reason=reason, code=code)
+
+
 def lost_nodes(*, session: Session, now: datetime) -> list[tuple[Job, JobNode]]:
     """Open nodes of active multi-node jobs' current attempts whose lease (or start deadline)
     passed: each one's gang must be released."""
@@ -370,4 +385,5 @@ def lost_nodes(*, session: Session, now: datetime) -> list[tuple[Job, JobNode]]:
 
 def gangs_waiting(*, session: Session) -> int:
     """Multi-node jobs queued for want of enough idle workers (for /metrics)."""
-    return len(session.exec(select(Job.id).where(col(Job.status) == JobStatus.queued, col(Job.num_nodes) > 1)).all())
+    query = select(func.count()).select_from(Job).where(col(Job.status) == JobStatus.queued, col(Job.num_nodes) > 1)
+    return int(session.exec(query).one())
