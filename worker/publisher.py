@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How often finish() lets the worker renew its lease while the last uploads run.
+FINISH_POLL_SECONDS = 1.0
+
 
 class PublishingStopped(Exception):
     """The publisher was told to stop (its deadline passed, or the attempt ended) mid-retry."""
@@ -98,13 +101,17 @@ class ArtifactPublisher:
         """Publish a checkpoint or export the ranks have completed (its manifest is written)."""
         self._queue.put(event)
 
-    def finish(self, *, log: Path | None) -> str | None:
-        """Publish the training log after what is queued and wait for all of it. None when
-        everything is published, else what the store answered before the publisher gave up."""
+    def finish(self, *, log: Path | None, while_waiting: Callable[[], None] = lambda: None) -> str | None:
+        """Publish the training log after what is queued and wait for all of it, calling
+        ``while_waiting`` every few seconds (a final model's upload can take minutes: the
+        worker keeps its lease). None when everything is published, else what the store
+        answered before the publisher gave up."""
         if log is not None and log.is_file():
             self._queue.put("log")
         self._queue.put(None)
-        self._thread.join()
+        while self._thread.is_alive():
+            while_waiting()
+            self._thread.join(timeout=FINISH_POLL_SECONDS)
         return self.problem if self.gave_up else None
 
     def abandon(self) -> None:

@@ -40,11 +40,6 @@ FORGET_WORKERS_AFTER = timedelta(days=1)
 def reconcile_once(*, settings: Settings) -> None:
     now = utcnow()
     with session_scope() as session:
-        for job in expired_leases(session=session, now=now):
-            reason = f"the worker running this job ({job.worker_id}) stopped renewing its lease"
-            outcome = release_attempt(session=session, job=job, reason=reason, failed_node=0)
-            if outcome is not None:
-                logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
         for job, node in lost_nodes(session=session, now=now):
             started = node.started_at is not None
             reason = (
@@ -59,6 +54,15 @@ def reconcile_once(*, settings: Settings) -> None:
             outcome = release_gang(session=session, job=job, reason=reason, failed_node=node.node_rank)
             if outcome is not None:
                 logger.warning("job %s attempt %d: %s -> %s", job.id, job.attempts, reason, outcome.value)
+        # After the gangs' nodes: a lost node names itself, which the job's lease (node 0's) cannot.
+        for job in expired_leases(session=session, now=now):
+            holder = f"the worker running this job ({job.worker_id})"
+            if job.num_nodes > 1:
+                holder = f"node 0 (worker {job.worker_id})"
+            reason = f"{holder} stopped renewing its lease"
+            outcome = release_attempt(session=session, job=job, reason=reason, failed_node=0)
+            if outcome is not None:
+                logger.warning("job %s: lease expired on attempt %d -> %s", job.id, job.attempts, outcome.value)
         starts = place_gangs(session=session, settings=settings)
         publish_node_starts(starts)
         if prune_workers(session=session, before=now - FORGET_WORKERS_AFTER):

@@ -228,6 +228,17 @@ class LeaseKeeper:
             session=session, job_id=self.job_id, worker_id=self.worker_id, attempt=self.attempt, lease_ttl=self.ttl
         )
 
+    def hold(self) -> None:
+        """Keep the attempt while its worker finishes it after the ranks are gone (the final
+        uploads, a gang's decision): they can outlast the lease, and the reconciler would then
+        requeue a job that is about to end, with the wrong reason. A database blip is left to
+        the outcome's own retries."""
+        try:
+            with session_scope() as session:
+                self.status(session)
+        except Exception as e:
+            logger.warning("job %s: could not renew its lease (%s); trying again", self.job_id, e)
+
 
 @dataclass
 class Attempt:
@@ -698,7 +709,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                     logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
         for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
             logger.info("job %s: removed %s, a save that never finished", job_id, removed)
-        _record_outcome(attempt, ingestor, publisher, ending, outage, settings=settings)
+        _record_outcome(attempt, ingestor, publisher, ending, outage, lease=lease, settings=settings)
     except WorkerStopping:
         logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
         publisher.abandon()
@@ -728,6 +739,7 @@ def _record_outcome(
     ending: Ending,
     outage: DatabaseOutage,
     *,
+    lease: LeaseKeeper,
     settings: Settings,
 ) -> None:
     """What the ranks wrote last (the final step's metrics, the export's checkpoint), then
@@ -756,7 +768,7 @@ def _record_outcome(
             node_rank=attempt.placement.node_rank,
         )
     log = attempt.layout.log if attempt.first_node else None  # the job's log is node 0's
-    if publisher.finish(log=log) is not None and ending.status == JobStatus.succeeded:
+    if publisher.finish(log=log, while_waiting=lease.hold) is not None and ending.status == JobStatus.succeeded:
         ending = _publishing_failed(attempt, publisher, settings)
     if attempt.node is not None and (gang_failed or not attempt.first_node):
         # Any node's ranks fail when another's do, so who failed first is not known here: a
@@ -764,7 +776,7 @@ def _record_outcome(
         # that, another node longer (node 0's ranks fail too and its worker decides).
         if ending.status != JobStatus.succeeded:
             wait = GANG_DECISION_SECONDS / (2 if attempt.first_node else 1)
-            _end_gang_unless_decided(attempt, ending, wait_seconds=wait)
+            _end_gang_unless_decided(attempt, ending, lease=lease, wait_seconds=wait)
         return
     while True:
         try:
@@ -805,11 +817,13 @@ def _cancel_requested(job_id: uuid.UUID) -> bool:
         return False
 
 
-def _end_gang_unless_decided(attempt: Attempt, ending: Ending, *, wait_seconds: float) -> None:
+def _end_gang_unless_decided(attempt: Attempt, ending: Ending, *, lease: LeaseKeeper, wait_seconds: float) -> None:
     """This node's ranks failed: give the other nodes' workers ``wait_seconds`` to end the
-    attempt (with the cause, if theirs), then end it from here with this node's reason."""
+    attempt (with the cause, if theirs), then end it from here with this node's reason. Its
+    own lease is held meanwhile: a node whose worker died is then the one whose lease expires."""
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
+        lease.hold()
         with session_scope() as session:
             job = session.get(Job, attempt.job_id)
             if job is None or job.attempts != attempt.number or job.status not in ACTIVE:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
+import pytest
 from sqlmodel import Session, col, select
 
 from shared.artifacts.store import ArtifactStore, StoredFile
@@ -12,6 +14,7 @@ from shared.db.engine import get_engine
 from shared.db.models import Artifact, Checkpoint, EventType, Job, JobEvent
 from shared.jobs.events import CheckpointEvent
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
+from worker import publisher as publisher_module
 from worker.publisher import ArtifactPublisher
 
 
@@ -128,3 +131,28 @@ def test_a_checkpoint_that_cannot_be_published_for_another_reason_ends_the_attem
     publisher.submit(event)
     assert publisher.finish(log=None) is not None
     assert publisher.gave_up and publisher.internal and "has no manifest" in (publisher.problem or "")
+
+
+class SlowStore(ArtifactStore):
+    """A local store whose every upload takes a while (a large final model on a slow link)."""
+
+    def put_file(self, source: Path, key: str) -> StoredFile:
+        time.sleep(0.2)
+        return super().put_file(source, key)
+
+
+def test_finish_lets_the_worker_keep_its_lease_while_the_last_uploads_run(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publisher_module, "FINISH_POLL_SECONDS", 0.05)
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = new_job(session)
+    layout = RunLayout(tmp_path / "worker" / str(job.id))
+    store = SlowStore(str(tmp_path / "store"))
+    publisher = ArtifactPublisher(job_id=job.id, layout=layout, store=store, deadline_seconds=5, keep_checkpoints=None)
+    publisher.submit(saved(layout, 10))  # three files: about 0.6 s of uploads
+    renewals: list[float] = []
+    assert publisher.finish(log=None, while_waiting=lambda: renewals.append(time.monotonic())) is None
+    assert len(renewals) >= 5  # renewed all along, not once before or after
+    with Session(get_engine()) as session:
+        assert [c.step for c in session.exec(select(Checkpoint).where(Checkpoint.job_id == job.id))] == [10]

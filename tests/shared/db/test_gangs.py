@@ -81,6 +81,18 @@ def status(job: Job) -> JobStatus:
         return found.status
 
 
+def start_placed_gang(job: Job) -> list[JobNode]:
+    """Place ``job``'s gang and start each of its nodes on its worker (attempt 1)."""
+    place()
+    with session() as s:
+        nodes = current_nodes(session=s, job=s.get(Job, job.id))  # type: ignore[arg-type]
+        for node in nodes:
+            claim_node(
+                session=s, job_id=job.id, attempt=1, node_rank=node.node_rank, worker_id=node.worker_id, lease_ttl=30
+            )
+    return nodes
+
+
 def test_a_gang_is_placed_on_as_many_idle_workers_at_once(database_url: str) -> None:
     workers("w1", "w2", "w3")
     job = new_job(num_nodes=2)
@@ -197,18 +209,12 @@ def test_a_node_starts_once_on_its_own_worker_and_only_for_its_attempt(database_
 def test_a_lost_node_releases_the_whole_gang_and_frees_its_workers(database_url: str) -> None:
     workers("w1", "w2")
     job = new_job(num_nodes=2, max_restarts=1)
-    place()
-    with session() as s:
-        nodes = current_nodes(session=s, job=s.get(Job, job.id))  # type: ignore[arg-type]
-        for node in nodes:
-            claim_node(
-                session=s, job_id=job.id, attempt=1, node_rank=node.node_rank, worker_id=node.worker_id, lease_ttl=30
-            )
+    start_placed_gang(job)
     with session() as s:
         assert lost_nodes(session=s, now=utcnow()) == []
         lost = lost_nodes(session=s, now=utcnow() + timedelta(seconds=60))
         assert [node.node_rank for _, node in lost] == [0, 1]
-        found, node = lost[1]
+        found, _ = lost[1]
         assert release_gang(session=s, job=found, reason="node 1 lost", failed_node=1) == JobStatus.queued
         assert release_gang(session=s, job=found, reason="again", failed_node=0) is None  # once
     with session() as s:
