@@ -7,11 +7,14 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from api.v1.files_service import get_file
+from shared.data.uploaded_files import is_file_id
 from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
 from shared.db.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
@@ -114,6 +117,26 @@ def resume_from_problems(*, session: Session, job_in: JobCreate, owner: str) -> 
     return problems
 
 
+def uploaded_file_problems(*, session: Session, job_in: JobCreate, owner: str) -> list[Problem]:
+    """A dataset given as an uploaded file's id (``file-...``) must be one of ``owner``'s files:
+    another owner's is not found, exactly like a missing one."""
+    problems = []
+    for field, value in (("dataset", job_in.dataset), ("validation_dataset", job_in.validation_dataset)):
+        if value is not None and is_file_id(value) and get_file(session=session, file_id=value, owner=owner) is None:
+            problems.append(
+                Problem(("body", field), f"file {value} not found: upload it with POST /v1/files and give its id")
+            )
+    return problems
+
+
+def reference_problems(*, session: Session, job_in: JobCreate, owner: str) -> list[Problem]:
+    """What a request names that only the database can check for its owner: the job it resumes
+    from, the files it trains on."""
+    return resume_from_problems(session=session, job_in=job_in, owner=owner) + uploaded_file_problems(
+        session=session, job_in=job_in, owner=owner
+    )
+
+
 class ActiveJobLimitError(Exception):
     """The owner already has as many queued, running and cancelling jobs as allowed."""
 
@@ -150,15 +173,26 @@ def _serialize_owner_submits(session: Session, owner: str) -> None:
 
 
 def create_job(
-    *, session: Session, job_in: JobCreate, settings: Settings, owner: str, idempotency_key: str | None = None
+    *,
+    session: Session,
+    job_in: JobCreate,
+    settings: Settings,
+    owner: str,
+    idempotency_key: str | None = None,
+    fine_tuning: dict[str, Any] | None = None,
+    fingerprint: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate, store and enqueue ``owner``'s job; ``(job, created)``.
 
     Raises JobValidationError (no row is created), IdempotencyConflictError or
     ActiveJobLimitError. The same key and body return the job created the first time.
     Idempotency keys are per owner: another owner's key is a new job.
+
+    ``fine_tuning`` and ``fingerprint`` come from OpenAI's door (``api.v1.fine_tuning_service``):
+    what its request said beyond ``job_in``, and the fingerprint of that request as sent (its
+    job_in holds values chosen per request, such as a random seed).
     """
-    fingerprint = request_fingerprint(job_in)
+    fingerprint = fingerprint or request_fingerprint(job_in)
     if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint, owner)):
         return existing, False
     limit = settings.max_active_jobs_per_owner
@@ -168,7 +202,7 @@ def create_job(
         raise ActiveJobLimitError(owner=owner, active=active, limit=limit)
     hardware = deployment_hardware(session=session, settings=settings)
     validated = validate_job_request(job_in, settings=settings, hardware=hardware)
-    if problems := resume_from_problems(session=session, job_in=job_in, owner=owner):
+    if problems := reference_problems(session=session, job_in=job_in, owner=owner):
         raise JobValidationError(problems)
     job = Job(
         owner=owner,
@@ -187,6 +221,7 @@ def create_job(
         max_restarts=job_in.max_restarts,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,
+        fine_tuning=fine_tuning,
     )
     session.add(job)
     record_event(session, job_id=job.id, type=EventType.status, data={"status": JobStatus.queued.value})

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from api.jobs_service import deployment_hardware, resume_from_problems
+from api.jobs_service import deployment_hardware, reference_problems
 from shared.jobs.plan import JobPlan, PlanProblems, compute_plan
 from shared.jobs.spec import JobCreate
 from shared.jobs.validation import JobValidationError, validate_job_request
@@ -78,7 +78,7 @@ def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: 
 
     hardware = deployment_hardware(session=session, settings=settings)
     validated = validate_job_request(job_in, settings=settings, hardware=hardware)
-    if problems := resume_from_problems(session=session, job_in=job_in, owner=owner):
+    if problems := reference_problems(session=session, job_in=job_in, owner=owner):
         raise JobValidationError(problems)
     future: Future[dict[str, Any]] = _plan_executor().submit(
         _plan_in_child, job_in.model_dump_json(), validated.deepspeed_config, settings.model_dump_json()

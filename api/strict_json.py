@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 # A DeepSpeed config is about 4 levels deep inside a job body; 32 leaves plenty of room.
@@ -123,9 +123,10 @@ class StrictJSONRoute(APIRoute):
             if request.method in ("POST", "PUT", "PATCH") and _parsed_as_json(request.headers.get("content-type", "")):
                 body = await request.body()  # cached for the handler
                 if body and (problem := body_problem(body)) is not None:
-                    return JSONResponse(
-                        status_code=422,
-                        content={"detail": [{"type": "value_error", "loc": list(problem.loc), "msg": problem.message}]},
+                    # A validation error like pydantic's, so the app's handlers answer it as they
+                    # answer those: a 422 on the native API, a 400 in OpenAI's envelope on /v1.
+                    raise RequestValidationError(
+                        [{"type": "value_error", "loc": list(problem.loc), "msg": problem.message}]
                     )
             return await handler(request)
 

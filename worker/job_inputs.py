@@ -1,4 +1,5 @@
-"""A job's datasets on this host: remote ones downloaded (cached by content) and checked.
+"""A job's datasets on this host: remote ones downloaded (cached by content) and checked,
+uploaded files (``file-...``, ``POST /v1/files``) copied from the artifact store.
 
 The worker fetches before it launches any rank, so the ranks never touch the network and a
 bad remote dataset fails the job in seconds (``invalid_input``), not after DeepSpeed starts.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from shared.data.records import DatasetError, DatasetFormat, read_records
 from shared.data.remote import DatasetSourceError, dataset_file, local_path, parse_dataset_uri, shown_uri
+from shared.data.uploaded_files import is_file_id
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,11 @@ def local_dataset(
     ``report`` is called every few seconds while downloading (and may raise to abort: the
     worker renews the job's lease there and stops on a cancel).
     """
+    if is_file_id(value):  # an uploaded file: copied from the artifact store, checked at upload
+        try:
+            return str(dataset_file(value, settings=settings))
+        except DatasetSourceError as e:
+            raise InputProblem(f"{field}: {e}") from None
     try:
         remote = parse_dataset_uri(value, settings)
     except DatasetSourceError as e:

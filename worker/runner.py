@@ -525,7 +525,7 @@ def _run_attempt(job: Job, *, settings: Settings, launcher: Launcher, worker_id:
             return
         except ArtifactIntegrityError as e:
             logger.error("job %s: %s", job.id, e)
-            _finish(job.id, JobStatus.failed, ErrorCode.artifact_integrity, f"the checkpoint to resume from: {e}")
+            _finish(job.id, JobStatus.failed, ErrorCode.artifact_integrity, str(e))  # names the file
             return
         except ArtifactStoreError as e:
             logger.error("job %s: %s", job.id, e)

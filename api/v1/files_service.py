@@ -10,21 +10,19 @@ owner's file is not found, exactly like a missing one.
 from __future__ import annotations
 
 import logging
-import re
-import secrets
-import string
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from sqlalchemy import and_, or_
 from sqlmodel import Session, col, select
 
 from api.artifact_download import artifact_store, read_range
 from api.strict_json import text_problem
+from api.v1.pages import past_cursor
 from shared.artifacts.store import file_key
 from shared.data.records import DatasetError, check_openai_chat_file
+from shared.data.uploaded_files import is_file_id, new_file_id
 from shared.db.models import File, FileListPublic, FilePublic
 from shared.settings import Settings
 
@@ -36,11 +34,6 @@ FILE_PURPOSES = ("fine-tune",)
 MAX_FILENAME_CHARS = 255  # File.filename's column
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_LIST_LIMIT = 10_000  # OpenAI's bound (and default) for one page of files
-_ID_ALPHABET = string.ascii_letters + string.digits
-_ID_CHARS = 24  # ~143 random bits, as long as OpenAI's own file ids
-# Any id tuneq could have made; anything else is not found without a query (and never reaches
-# SQL, where a NUL in a string is an error on Postgres).
-_FILE_ID = re.compile(rf"file-[{_ID_ALPHABET}]{{{_ID_CHARS}}}")
 
 Order = Literal["asc", "desc"]
 
@@ -55,10 +48,6 @@ class FileRequestError(Exception):
 
 class FileTooLargeError(FileRequestError):
     """The uploaded file is over ``TUNEQ_MAX_UPLOAD_BYTES``."""
-
-
-def new_file_id() -> str:
-    return "file-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_CHARS))
 
 
 def _filename_problem(filename: str | None) -> str | None:
@@ -108,11 +97,19 @@ def create_file(
         path = Path(scratch) / "upload.jsonl"
         _spool(upload, path, limit=settings.max_upload_bytes)
         try:
-            check_openai_chat_file(path)
+            records = check_openai_chat_file(path)
         except DatasetError as e:
             raise FileRequestError(f"{filename}: {e}", param="file") from None
         stored = store.put_file(path, file_key(file_id))
-    row = File(id=file_id, owner=owner, filename=filename, purpose=purpose, bytes=stored.size, sha256=stored.sha256)
+    row = File(
+        id=file_id,
+        owner=owner,
+        filename=filename,
+        purpose=purpose,
+        bytes=stored.size,
+        sha256=stored.sha256,
+        records=records,
+    )
     session.add(row)
     try:
         session.commit()
@@ -128,7 +125,7 @@ def create_file(
 def get_file(*, session: Session, file_id: str, owner: str) -> File | None:
     """``owner``'s file, or None: another owner's file is not found, exactly like a missing one.
     Every lookup of a file on a caller's behalf goes through here."""
-    if not _FILE_ID.fullmatch(file_id):
+    if not is_file_id(file_id):  # not found without a query
         return None
     file = session.get(File, file_id)
     return file if file is not None and file.owner == owner else None
@@ -153,12 +150,11 @@ def list_files(
                 f"after: no file {after!r} of yours to continue from: pass the last_id of the page before",
                 param="after",
             )
-        # The row's own values, read back from SQL, so the comparison is SQL's on both sides.
-        if newest_first:
-            past = or_(created < cursor.created_at, and_(created == cursor.created_at, ident < cursor.id))
-        else:
-            past = or_(created > cursor.created_at, and_(created == cursor.created_at, ident > cursor.id))
-        query = query.where(past)
+        query = query.where(
+            past_cursor(
+                created, ident, cursor_created=cursor.created_at, cursor_id=cursor.id, newest_first=newest_first
+            )
+        )
     ordering = (created.desc(), ident.desc()) if newest_first else (created.asc(), ident.asc())
     rows = session.exec(query.order_by(*ordering).limit(limit + 1)).all()
     page = [FilePublic.from_file(r) for r in rows[:limit]]

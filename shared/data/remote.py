@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
+from shared.data.uploaded_files import UploadedFileGone, is_file_id, uploaded_file_path
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -546,11 +547,17 @@ def local_path(value: str) -> Path:
 
 
 def dataset_file(value: str, *, settings: Settings, on_progress: ProgressCallback | None = None) -> Path:
-    """The file on this host a dataset value stands for: the path itself, or the cached download.
+    """The file on this host a dataset value stands for: the path itself, the cached download,
+    or the copy of an uploaded file (``file-...``).
 
     One place for the API's plan and the worker, so both read the very same bytes. Raises
-    :class:`DatasetSourceError` for a refused or failed remote.
+    :class:`DatasetSourceError` for a refused or failed remote, or a deleted file.
     """
+    if is_file_id(value):
+        try:
+            return uploaded_file_path(value, settings=settings)
+        except UploadedFileGone as e:
+            raise DatasetSourceError(str(e)) from None
     remote = parse_dataset_uri(value, settings)
     if remote is None:
         return local_path(value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -38,19 +39,23 @@ def list_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) 
     return list(session.exec(query).all())
 
 
-def last_log_events(*, session: Session, job_id: uuid.UUID, limit: int) -> list[JobEvent]:
-    """The job's newest ``limit`` log lines (``log`` events), oldest first.
+def newest_events(
+    *, session: Session, job_id: uuid.UUID, types: Sequence[EventType], before: int | None, limit: int
+) -> list[JobEvent]:
+    """The job's newest ``limit`` events of ``types`` (older than the id ``before``), newest
+    first: one query along the ``(job_id, id)`` index from the newest down, however long the
+    job's history."""
+    query = select(JobEvent).where(col(JobEvent.job_id) == job_id, col(JobEvent.type).in_(types))
+    if before is not None:
+        query = query.where(col(JobEvent.id) < before)
+    return list(session.exec(query.order_by(col(JobEvent.id).desc()).limit(limit)).all())
 
-    One query that reads the job's events from its newest down (``ORDER BY id DESC LIMIT``, along
-    the ``(job_id, id)`` index) and stops at the ``limit``-th line, instead of reading the job's
-    whole log."""
-    query = (
-        select(JobEvent)
-        .where(col(JobEvent.job_id) == job_id, col(JobEvent.type) == EventType.log)
-        .order_by(col(JobEvent.id).desc())
-        .limit(limit)
-    )
-    return list(reversed(session.exec(query).all()))
+
+def last_log_events(*, session: Session, job_id: uuid.UUID, limit: int) -> list[JobEvent]:
+    """The job's newest ``limit`` log lines (``log`` events), oldest first, without reading the
+    job's whole log."""
+    newest = newest_events(session=session, job_id=job_id, types=(EventType.log,), before=None, limit=limit)
+    return list(reversed(newest))
 
 
 def redis_url() -> str | None:

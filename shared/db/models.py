@@ -118,6 +118,10 @@ class Job(SQLModel, table=True):
     log_offset: int = Field(default=0, sa_type=BigInteger)
     idempotency_key: str | None = Field(default=None, max_length=200)
     request_fingerprint: str | None = None
+    # A job created through OpenAI's door (POST /v1/fine_tuning/jobs): what that request said
+    # that the native fields do not hold (suffix, metadata, method) and the hyperparameters as
+    # resolved (api.v1.fine_tuning_service). None for a native job.
+    fine_tuning: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class EventType(StrEnum):
@@ -351,6 +355,9 @@ class File(FileBase, table=True):
     # Who uploaded it (an API key's owner): other owners' requests never see it.
     owner: str = Field(max_length=200, index=True)
     sha256: str = Field(max_length=64)
+    # Its records, counted as they were checked: what "auto" hyperparameters are resolved from.
+    # None for a file uploaded before tuneq counted them (counted when a job first needs it).
+    records: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 

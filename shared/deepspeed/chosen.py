@@ -155,6 +155,12 @@ def _zero_section(stage: int, offload_optimizer: bool, offload_param: bool) -> d
     return section
 
 
+def largest_micro_batch(per_rank: int) -> int:
+    """The micro-batch for a rank's share of a batch: the largest up to ``MAX_MICRO_BATCH`` that
+    divides it (the rest is gradient accumulation)."""
+    return max(m for m in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % m == 0)
+
+
 def _batch_section(batch_size: int | None, world_size: int) -> dict[str, Any]:
     if batch_size is None:
         return {"train_batch_size": AUTO, "train_micro_batch_size_per_gpu": AUTO, "gradient_accumulation_steps": AUTO}
@@ -163,7 +169,7 @@ def _batch_section(batch_size: int | None, world_size: int) -> dict[str, Any]:
             f"batch size {batch_size} does not split evenly over {world_size} ranks: ask for a multiple of {world_size}"
         )
     per_rank = batch_size // world_size
-    micro = max(m for m in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % m == 0)
+    micro = largest_micro_batch(per_rank)
     return {
         "train_batch_size": batch_size,
         "train_micro_batch_size_per_gpu": micro,

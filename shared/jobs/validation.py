@@ -14,6 +14,7 @@ from typing import Any
 
 from shared.data.records import DatasetError, read_records
 from shared.data.remote import local_path, parse_dataset_uri
+from shared.data.uploaded_files import is_file_id
 from shared.deepspeed.auto_values import FILLABLE, AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed.chosen import DeepSpeedChoiceError, choose_deepspeed_config
 from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config
@@ -90,7 +91,18 @@ def check_dataset(value: str, settings: Settings) -> Path | None:
 
 
 def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field: str) -> list[Problem]:
-    """Read a local dataset's records now, so a bad record fails the submit, not the run."""
+    """Read a local dataset's records now, so a bad record fails the submit, not the run. An
+    uploaded file's were read at upload (that it is the caller's is the API's check)."""
+    if is_file_id(value):
+        if job_in.training.dataset_format not in (None, "messages"):
+            return [
+                Problem(
+                    ("body", "training", "dataset_format"),
+                    f"{field} {value} is an uploaded file, which holds OpenAI chat records: leave "
+                    "training.dataset_format out, or give 'messages'",
+                )
+            ]
+        return []
     try:
         path = check_dataset(value, settings)
         if path is not None:

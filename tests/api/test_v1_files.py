@@ -219,7 +219,7 @@ def test_missing_form_fields_and_bad_parameters_are_400s_never_422(client: TestC
 
 
 def test_unknown_v1_paths_and_methods_answer_in_the_envelope(client: TestClient) -> None:
-    assert "is not a route" in error_of(client.get("/v1/fine_tuning/jobs"), 404)["message"]
+    assert "is not a route" in error_of(client.get("/v1/batches"), 404)["message"]
     not_allowed = client.put("/v1/files")
     assert error_of(not_allowed, 405)["message"] == "/v1/files does not take PUT"
     assert not_allowed.headers["allow"] == "GET, POST"  # both routes' methods, not only the first's

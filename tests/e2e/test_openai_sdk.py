@@ -1,12 +1,15 @@
-"""The unmodified official ``openai`` SDK against a real ``tuneq dev``: OpenAI's Files API at /v1.
+"""The unmodified official ``openai`` SDK against a real ``tuneq dev``: OpenAI's Files and
+fine-tuning APIs at /v1.
 
-What a team moving off OpenAI runs: ``OpenAI(base_url=".../v1", api_key=<a tuneq key>)`` and
-``client.files``, unchanged. API keys are on, so two owners see only their own files.
+What a team moving off OpenAI runs: ``OpenAI(base_url=".../v1", api_key=<a tuneq key>)``,
+``client.files`` and ``client.fine_tuning.jobs``, unchanged, training the tiny model for real.
+API keys are on, so two owners see only their own files and jobs.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import openai
@@ -113,3 +116,86 @@ def test_an_unknown_key_is_an_authentication_error(service: Tuneq) -> None:
     with pytest.raises(openai.AuthenticationError) as e:
         sdk(service, "tq_unknown_key").files.list()
     assert e.value.code == "invalid_api_key"
+
+
+# What the tiny model's chat template renders: a system message and one exchange.
+PLAIN_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You are a terse weather bot."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "3 degrees, cold."},
+    ]
+}
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def follow(client: OpenAI, job_id: str, *, timeout: float = 300) -> list[str]:
+    """Retrieve the job until it ends, as a caller's poll loop does: the statuses seen, in order."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = client.fine_tuning.jobs.retrieve(job_id).status
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        if status in TERMINAL:
+            return seen
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not end within {timeout}s: {seen}")
+
+
+def test_the_sdk_fine_tunes_follows_lists_and_cancels(
+    alice: OpenAI, bob: OpenAI, service: Tuneq, tmp_path: Path
+) -> None:
+    path = tmp_path / "plain.jsonl"
+    path.write_text("".join(json.dumps(PLAIN_CHAT) + "\n" for _ in range(8)))
+    with path.open("rb") as f:
+        file = alice.files.create(file=f, purpose="fine-tune")
+    model = str(service.home / "data" / "tiny-gpt-neo")
+    job = alice.fine_tuning.jobs.create(
+        model=model,
+        training_file=file.id,
+        suffix="weather",
+        seed=3,
+        metadata={"team": "forecast"},
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}}},
+    )
+    assert job.object == "fine_tuning.job" and job.status == "queued" and job.training_file == file.id
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 2
+    assert job.hyperparameters.learning_rate_multiplier == 0.05  # "auto" for a batch of 2
+
+    statuses = follow(alice, job.id)
+    done = alice.fine_tuning.jobs.retrieve(job.id)
+    assert statuses[-1] == "succeeded", (statuses, done.error, service.log_tail())
+    assert set(statuses) <= {"queued", "validating_files", "running", "succeeded"}
+    assert done.fine_tuned_model is not None and done.fine_tuned_model.startswith("ft:tiny-gpt-neo:")
+    assert ":weather:" in done.fine_tuned_model and done.trained_tokens and done.finished_at
+    assert done.seed == 3 and done.metadata == {"team": "forecast"}
+
+    # Every event once, newest first, following the SDK's own paging (limit 3, after=<last id>).
+    events = list(alice.fine_tuning.jobs.list_events(job.id, limit=3))
+    assert len({e.id for e in events}) == len(events)
+    assert events[0].message.startswith("The job has successfully completed")
+    metrics = [e for e in events if e.type == "metrics"]
+    # 8 examples in batches of 2, twice: 8 steps, newest first.
+    assert [e.data["step"] for e in metrics] == list(range(8, 0, -1))  # type: ignore[index]
+    assert all(e.data["train_loss"] > 0 for e in metrics)  # type: ignore[index]
+
+    checkpoints = list(alice.fine_tuning.jobs.checkpoints.list(job.id))
+    assert [c.step_number for c in checkpoints] == [8, 4]  # one an epoch, newest first
+    assert checkpoints[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-8"
+    assert checkpoints[0].metrics.train_loss is not None
+
+    # A second job, cancelled while queued or running; the list pages and filters both.
+    second = alice.fine_tuning.jobs.create(model=model, training_file=file.id, metadata={"team": "other"})
+    assert alice.fine_tuning.jobs.cancel(second.id).status == "cancelled"
+    paged = [j.id for j in alice.fine_tuning.jobs.list(limit=1)]
+    assert paged[:2] == [second.id, job.id]
+    assert [j.id for j in alice.fine_tuning.jobs.list(metadata={"team": "forecast"})] == [job.id]
+
+    with pytest.raises(openai.NotFoundError):
+        bob.fine_tuning.jobs.retrieve(job.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.fine_tuning.jobs.cancel(second.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        bob.fine_tuning.jobs.create(model=model, training_file=file.id)  # alice's file
+    assert e.value.param == "training_file"

@@ -1,0 +1,501 @@
+"""What the fine-tuning routes (``/v1/fine_tuning/jobs``) do, as keyword-only functions over a
+session. No HTTP in here.
+
+``/v1`` is a second door onto the very jobs ``/jobs`` serves, not a second system: a request is
+translated into a native ``JobCreate`` (an uploaded file as the dataset, "auto" hyperparameters
+resolved, a DeepSpeed config chosen by tuneq) and created by ``api.jobs_service.create_job``,
+which validates, stores and enqueues it as it does every job. Every ``jobs`` row of the owner is
+then a ``fine_tuning.job``, native ones included; ``fine_tuning_job_public`` makes the view.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import tempfile
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from api.artifact_download import artifact_store
+from api.jobs_service import create_job, deployment_hardware, get_job
+from api.v1.files_service import get_file
+from api.v1.fine_tuning_objects import (
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE_CHARS,
+    CheckpointMetrics,
+    FineTuningJobCheckpointListPublic,
+    FineTuningJobCheckpointPublic,
+    FineTuningJobCreate,
+    FineTuningJobError,
+    FineTuningJobEventListPublic,
+    FineTuningJobEventPublic,
+    FineTuningJobListPublic,
+    FineTuningJobPublic,
+    FineTuningStatus,
+    ResolvedHyperparameters,
+    ResolvedMethod,
+    ResolvedSupervisedMethod,
+    SupervisedHyperparameters,
+)
+from api.v1.hyperparameters import (
+    HyperparameterError,
+    batch_layout,
+    pretraining_learning_rate,
+    resolve_hyperparameters,
+)
+from api.v1.pages import past_cursor
+from shared.artifacts.store import file_key
+from shared.data.records import check_openai_chat_file
+from shared.db.job_events import newest_events
+from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, JobStatus
+from shared.jobs.spec import JobCreate, TrainingOptions
+from shared.jobs.validation import JobValidationError, local_model_config
+from shared.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+JOB_ID_PREFIX, EVENT_ID_PREFIX, CHECKPOINT_ID_PREFIX = "ftjob-", "ftevent-", "ftckpt-"
+_JOB_ID = re.compile(r"ftjob-([0-9a-f]{32})")
+# OpenAI's defaults for one page of each list.
+DEFAULT_JOBS_LIMIT, DEFAULT_EVENTS_LIMIT, DEFAULT_CHECKPOINTS_LIMIT = 20, 20, 10
+MAX_LIST_LIMIT = 100
+# OpenAI keeps the checkpoints of a job's last three epochs.
+KEPT_CHECKPOINTS = 3
+# The native fields a validation problem names, as the OpenAI request names them.
+_PARAMS = {"model": "model", "dataset": "training_file", "validation_dataset": "validation_file"}
+# The events a fine_tuning.job lists: what happened to the job, not its training log's lines or
+# the transfers of its files (the native /jobs/{id}/events has those).
+LISTED_EVENTS = (
+    EventType.status,
+    EventType.plan,
+    EventType.metric,
+    EventType.checkpoint,
+    EventType.resumed,
+    EventType.warning,
+)
+
+
+class FineTuningRequestError(Exception):
+    """The caller's request cannot be served; ``param`` names the parameter at fault as OpenAI's
+    API would, ``status_code`` is the answer's (400 unless said)."""
+
+    def __init__(self, message: str, *, param: str | None, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status_code = status_code
+
+
+# ---- ids ---------------------------------------------------------------------------------
+
+
+def public_job_id(job_id: uuid.UUID) -> str:
+    return f"{JOB_ID_PREFIX}{job_id.hex}"
+
+
+def native_job_id(fine_tuning_job_id: str) -> uuid.UUID | None:
+    """The job's uuid from its ``ftjob-`` id; None for anything else (not found, no query)."""
+    match = _JOB_ID.fullmatch(fine_tuning_job_id)
+    return uuid.UUID(match.group(1)) if match else None
+
+
+def _cursor(value: str | None, prefix: str, param: str) -> int | None:
+    """The row id of an ``after`` cursor (``ftevent-12``): None when not given."""
+    if value is None:
+        return None
+    number = value.removeprefix(prefix)
+    if not value.startswith(prefix) or not number.isdecimal() or len(number) > 18:
+        raise FineTuningRequestError(f"after: {value!r} is not an id this list gave (like {prefix}123)", param=param)
+    return int(number)
+
+
+def get_fine_tuning_job(*, session: Session, fine_tuning_job_id: str, owner: str) -> Job | None:
+    """``owner``'s job by its ``ftjob-`` id; another owner's is not found, like a missing one."""
+    job_id = native_job_id(fine_tuning_job_id)
+    return get_job(session=session, job_id=job_id, owner=owner) if job_id is not None else None
+
+
+# ---- creating ------------------------------------------------------------------------------
+
+
+def _requested_hyperparameters(request: FineTuningJobCreate) -> tuple[SupervisedHyperparameters, str]:
+    """The hyperparameters the request gave, and where (OpenAI's param name for errors)."""
+    method = request.method
+    if method is not None and method.type != "supervised":
+        raise FineTuningRequestError(
+            f"method.type {method.type!r} is not one tuneq runs yet: use 'supervised'", param="method.type"
+        )
+    if method is not None and method.supervised is not None:
+        if request.hyperparameters is not None:
+            raise FineTuningRequestError(
+                "give the hyperparameters once, under method.supervised.hyperparameters (the top-level "
+                "hyperparameters is OpenAI's deprecated place for them)",
+                param="hyperparameters",
+            )
+        return method.supervised.hyperparameters, "method.supervised.hyperparameters"
+    return request.hyperparameters or SupervisedHyperparameters(), "hyperparameters"
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise FineTuningRequestError(
+            f"metadata has {len(metadata)} pairs: give at most {MAX_METADATA_PAIRS}", param="metadata"
+        )
+    for key, value in metadata.items():
+        if not 0 < len(key) <= MAX_METADATA_KEY_CHARS:
+            raise FineTuningRequestError(
+                f"metadata key {key[:80]!r} must be 1 to {MAX_METADATA_KEY_CHARS} characters", param="metadata"
+            )
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise FineTuningRequestError(
+                f"metadata[{key}] is {len(value)} characters long: give at most {MAX_METADATA_VALUE_CHARS}",
+                param="metadata",
+            )
+
+
+def _owners_file(session: Session, file_id: str, owner: str, param: str) -> File:
+    file = get_file(session=session, file_id=file_id, owner=owner)
+    if file is None:
+        raise FineTuningRequestError(
+            f"{param}: no file {file_id!r} of yours: upload it with POST /v1/files (purpose 'fine-tune') and "
+            "give its id",
+            param=param,
+        )
+    return file
+
+
+def training_examples(*, session: Session, settings: Settings, file: File) -> int:
+    """The records of an uploaded file, counted at upload (or now, once, for a file uploaded
+    before tuneq counted them)."""
+    if file.records is None:
+        with tempfile.TemporaryDirectory(prefix="tuneq-count-") as scratch:
+            copy = Path(scratch) / "file.jsonl"
+            artifact_store(settings).get_file(file_key(file.id), copy, sha256=file.sha256)
+            file.records = check_openai_chat_file(copy)
+        session.add(file)
+        session.commit()
+    return file.records
+
+
+def request_fingerprint(request: FineTuningJobCreate) -> str:
+    """Of the request as sent: the job it makes holds values chosen per request (a random seed)."""
+    canonical = request.model_dump_json(exclude_unset=True)
+    return "v1:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_fine_tuning_job(
+    *,
+    session: Session,
+    settings: Settings,
+    owner: str,
+    request: FineTuningJobCreate,
+    idempotency_key: str | None = None,
+) -> Job:
+    """Translate an OpenAI request into a native job and create it through ``create_job``.
+
+    The job trains ``n_epochs`` over the training file in batches of ``batch_size`` examples
+    split over as many of a worker's devices as divide it, at ``learning_rate_multiplier`` x
+    the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
+    checkpoint every epoch and keeping the last three (as OpenAI does). Raises
+    FineTuningRequestError, or create_job's errors."""
+    requested, where = _requested_hyperparameters(request)
+    if request.integrations:
+        raise FineTuningRequestError(
+            "integrations are not supported yet: leave them out (metrics are on GET /v1/fine_tuning/jobs/{id}/events)",
+            param="integrations",
+        )
+    _check_metadata(request.metadata)
+    training_file = _owners_file(session, request.training_file, owner, "training_file")
+    if request.validation_file is not None:
+        _owners_file(session, request.validation_file, owner, "validation_file")
+    examples = training_examples(session=session, settings=settings, file=training_file)
+    try:
+        resolved = resolve_hyperparameters(requested, examples=examples, param_prefix=where)
+    except HyperparameterError as e:
+        raise FineTuningRequestError(str(e), param=e.param) from None
+    hardware = deployment_hardware(session=session, settings=settings)
+    layout = batch_layout(resolved.batch_size, devices=hardware.device_count if hardware else 1)
+    base_rate = pretraining_learning_rate(local_model_config(request.model))
+    seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
+    steps_per_epoch = max(1, examples // resolved.batch_size)
+    job_in = JobCreate(
+        model=request.model,
+        dataset=request.training_file,
+        validation_dataset=request.validation_file,
+        num_gpus=layout.num_gpus,
+        name=request.suffix or None,
+        training=TrainingOptions(
+            epochs=resolved.n_epochs,
+            seed=seed,
+            micro_batch_size=layout.micro_batch_size,
+            gradient_accumulation_steps=layout.gradient_accumulation_steps,
+            learning_rate=resolved.learning_rate_multiplier * base_rate,
+            checkpoint_every_steps=steps_per_epoch,
+            keep_checkpoints=KEPT_CHECKPOINTS,
+        ),
+    )
+    fine_tuning = {
+        "suffix": request.suffix,
+        "metadata": request.metadata,
+        "hyperparameters": resolved.model_dump(),
+    }
+    try:
+        job, created = create_job(
+            session=session,
+            job_in=job_in,
+            settings=settings,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            fine_tuning=fine_tuning,
+            fingerprint=request_fingerprint(request),
+        )
+    except JobValidationError as e:
+        first = e.problems[0]
+        field = str(first.loc[1]) if len(first.loc) > 1 else ""
+        raise FineTuningRequestError(first.message, param=_PARAMS.get(field)) from None
+    if created:
+        logger.info(
+            "fine-tuning job %s: %d epochs of %d examples in batches of %d on %d ranks, lr %.3g",
+            public_job_id(job.id),
+            resolved.n_epochs,
+            examples,
+            resolved.batch_size,
+            layout.num_gpus,
+            job_in.training.learning_rate,
+        )
+    return job
+
+
+# ---- the job as OpenAI shows it ------------------------------------------------------------
+
+
+def _unix(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
+
+
+def fine_tuning_status(job: Job) -> FineTuningStatus:
+    """OpenAI's status for a job's. A running job that has not planned its training yet is
+    reading, checking and tokenizing its files: ``validating_files``. A cancel or pause asked of
+    a running job is answered as done (the ranks stop within the grace period, and the job never
+    runs again until resumed)."""
+    status = job.status.value
+    if status == "running" and job.total_steps is None:
+        return "validating_files"
+    if status == "cancelling":
+        return "cancelled"
+    if status == "pausing":
+        return "paused"
+    assert status in ("queued", "running", "paused", "succeeded", "failed", "cancelled"), status
+    return status  # type: ignore[return-value]
+
+
+def fine_tuned_model_name(job: Job) -> str:
+    """``ft:<base model>:<owner>:<suffix>:<job>``, OpenAI's form. A local model directory is
+    named by its last part."""
+    base = job.model.rstrip("/").rsplit("/", 1)[-1] if job.model.startswith("/") else job.model
+    suffix = (job.fine_tuning or {}).get("suffix") or ""
+    return f"ft:{base}:{job.owner}:{suffix}:{job.id.hex[:12]}"
+
+
+def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
+    """As resolved at creation; for a native job, read back from its training options."""
+    if job.fine_tuning is not None:
+        return ResolvedHyperparameters.model_validate(job.fine_tuning["hyperparameters"])
+    training = TrainingOptions.model_validate(job.training)
+    config = job.resolved_deepspeed_config or {}
+    batch = config.get("train_batch_size")
+    if not isinstance(batch, int):
+        batch = training.micro_batch_size * training.gradient_accumulation_steps * job.num_gpus * job.num_nodes
+    multiplier = training.learning_rate / pretraining_learning_rate(
+        local_model_config(job.model), lora=training.lora is not None
+    )
+    return ResolvedHyperparameters(
+        n_epochs=training.epochs, batch_size=batch, learning_rate_multiplier=round(multiplier, 6)
+    )
+
+
+def fine_tuning_job_public(job: Job) -> FineTuningJobPublic:
+    hyperparameters = job_hyperparameters(job)
+    succeeded = job.status == JobStatus.succeeded
+    estimated_finish = None
+    if job.status == JobStatus.running and job.eta_seconds is not None:
+        estimated_finish = _unix(datetime.now(UTC) + timedelta(seconds=job.eta_seconds))
+    error = None
+    if job.status == JobStatus.failed:
+        error = FineTuningJobError(
+            code=job.error_code or "internal_error", message=job.error_message or "the job failed", param=None
+        )
+    fine_tuning = job.fine_tuning or {}
+    return FineTuningJobPublic(
+        id=public_job_id(job.id),
+        created_at=_unix(job.created_at) or 0,
+        finished_at=_unix(job.finished_at),
+        model=job.model,
+        fine_tuned_model=fine_tuned_model_name(job) if succeeded else None,
+        organization_id=job.owner,
+        status=fine_tuning_status(job),
+        training_file=job.dataset,
+        validation_file=job.validation_dataset,
+        hyperparameters=hyperparameters,
+        method=ResolvedMethod(supervised=ResolvedSupervisedMethod(hyperparameters=hyperparameters)),
+        result_files=[],
+        trained_tokens=job.tokens_seen if succeeded else None,
+        error=error,
+        seed=TrainingOptions.model_validate(job.training).seed,
+        estimated_finish=estimated_finish,
+        metadata=fine_tuning.get("metadata"),
+        user_provided_suffix=fine_tuning.get("suffix"),
+    )
+
+
+# ---- lists -------------------------------------------------------------------------------
+
+
+def list_fine_tuning_jobs(
+    *, session: Session, owner: str, after: str | None, limit: int, metadata: dict[str, str] | None
+) -> FineTuningJobListPublic:
+    """``owner``'s jobs, newest first, a page at a time (``after``: the last id of the page
+    before). ``metadata``: only jobs whose metadata holds every pair ({}: no filter)."""
+    created, ident = col(Job.created_at), col(Job.id)
+    query = select(Job).where(Job.owner == owner)
+    for key, value in (metadata or {}).items():
+        query = query.where(col(Job.fine_tuning)[("metadata", key)].as_string() == value)
+    if after is not None:
+        cursor = get_fine_tuning_job(session=session, fine_tuning_job_id=after, owner=owner)
+        if cursor is None:
+            raise FineTuningRequestError(
+                f"after: no job {after!r} of yours to continue from: pass the id of the last job of the page before",
+                param="after",
+            )
+        query = query.where(
+            past_cursor(created, ident, cursor_created=cursor.created_at, cursor_id=cursor.id, newest_first=True)
+        )
+    rows = session.exec(query.order_by(created.desc(), ident.desc()).limit(limit + 1)).all()
+    return FineTuningJobListPublic(data=[fine_tuning_job_public(j) for j in rows[:limit]], has_more=len(rows) > limit)
+
+
+def _metric_text(data: dict[str, Any], total_steps: int | None) -> str:
+    step = f"Step {data['step']}" + (f"/{total_steps}" if total_steps else "")
+    parts = []
+    if data.get("loss") is not None:
+        parts.append(f"training loss={data['loss']:.4f}")
+    if data.get("eval_loss") is not None:
+        parts.append(f"validation loss={data['eval_loss']:.4f}")
+    return f"{step}: {', '.join(parts) or 'no loss reported'}"
+
+
+def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
+    """One native event as OpenAI words it."""
+    data, level, kind = event.data, "info", "message"
+    payload: dict[str, Any] | None = None
+    if event.type == EventType.metric:
+        kind = "metrics"
+        message = _metric_text(data, job.total_steps)
+        payload = {"step": data["step"], "train_loss": data.get("loss"), "total_steps": job.total_steps}
+        if data.get("eval_loss") is not None:
+            payload["valid_loss"] = data["eval_loss"]
+        if data.get("learning_rate") is not None:
+            payload["learning_rate"] = data["learning_rate"]
+    elif event.type == EventType.status:
+        message, level = _status_text(data, job)
+    elif event.type == EventType.plan:
+        message = f"Training plan: {data.get('total_steps')} steps"
+        payload = {"total_steps": data.get("total_steps")}
+    elif event.type == EventType.checkpoint:
+        kind_name = data.get("kind")
+        message = (
+            f"Checkpoint created at step {data.get('step')}"
+            if kind_name == CheckpointKind.deepspeed
+            else f"Fine-tuned model exported at step {data.get('step')}"
+        )
+        payload = {"step": data.get("step")}
+    elif event.type == EventType.resumed:
+        message = f"Resumed from the checkpoint at step {data.get('from_step')}"
+    else:  # a warning
+        message, level = str(data.get("message", "")), "warn"
+    return FineTuningJobEventPublic(
+        id=f"{EVENT_ID_PREFIX}{event.id}",
+        created_at=_unix(event.created_at) or 0,
+        level=level,
+        message=message,
+        type=kind,
+        data=payload,
+    )
+
+
+def _status_text(data: dict[str, Any], job: Job) -> tuple[str, str]:
+    status = data.get("status")
+    error = data.get("error") or {}
+    texts = {
+        "queued": "Job queued",
+        "running": f"Fine-tuning job started (attempt {data.get('attempt', 1)})",
+        "cancelling": "Cancel requested: stopping the job",
+        "cancelled": "Fine-tuning job cancelled",
+        "pausing": "Pause requested: saving a checkpoint",
+        "paused": "Fine-tuning job paused",
+        "succeeded": f"The job has successfully completed: {fine_tuned_model_name(job)}",
+        "failed": f"Fine-tuning job failed: {error.get('message', 'see the job error')}",
+    }
+    return texts.get(str(status), f"Job {status}"), "error" if status == "failed" else "info"
+
+
+def list_fine_tuning_events(
+    *, session: Session, job: Job, after: str | None, limit: int
+) -> FineTuningJobEventListPublic:
+    """The job's events newest first, as OpenAI lists them (``after``: the last id of the page
+    before, so the next page is older)."""
+    before = _cursor(after, EVENT_ID_PREFIX, "after")
+    rows = newest_events(session=session, job_id=job.id, types=LISTED_EVENTS, before=before, limit=limit + 1)
+    return FineTuningJobEventListPublic(data=[_event_public(e, job) for e in rows[:limit]], has_more=len(rows) > limit)
+
+
+def list_fine_tuning_checkpoints(
+    *, session: Session, job: Job, after: str | None, limit: int
+) -> FineTuningJobCheckpointListPublic:
+    """The job's resumable checkpoints newest first, with the metrics of their step."""
+    before = _cursor(after, CHECKPOINT_ID_PREFIX, "after")
+    query = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.kind == CheckpointKind.deepspeed)
+    if before is not None:
+        query = query.where(col(Checkpoint.id) < before)
+    rows: Sequence[Checkpoint] = session.exec(query.order_by(col(Checkpoint.id).desc()).limit(limit + 1)).all()
+    page = rows[:limit]
+    steps = [c.step for c in page]
+    metrics = {
+        m.step: m
+        for m in session.exec(select(JobMetric).where(JobMetric.job_id == job.id, col(JobMetric.step).in_(steps)))
+    }
+    name = fine_tuned_model_name(job)
+    data = []
+    for checkpoint in page:
+        measured = metrics.get(checkpoint.step)
+        data.append(
+            FineTuningJobCheckpointPublic(
+                id=f"{CHECKPOINT_ID_PREFIX}{checkpoint.id}",
+                created_at=_unix(checkpoint.created_at) or 0,
+                fine_tuning_job_id=public_job_id(job.id),
+                fine_tuned_model_checkpoint=f"{name}:ckpt-step-{checkpoint.step}",
+                step_number=checkpoint.step,
+                metrics=CheckpointMetrics(
+                    step=checkpoint.step,
+                    train_loss=measured.loss if measured else None,
+                    valid_loss=measured.eval_loss if measured else None,
+                ),
+            )
+        )
+    return FineTuningJobCheckpointListPublic(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=len(rows) > limit,
+    )

@@ -1,0 +1,311 @@
+"""OpenAI's fine-tuning jobs at /v1/fine_tuning/jobs, in process, on SQLite and on Postgres.
+
+The official SDK against a real ``tuneq dev`` that trains is tests/e2e/test_openai_fine_tuning.py;
+here the translation into a native job, the shapes, the lists and their cursors, the errors and
+what a refused request leaves behind (nothing) are checked request by request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, func, select
+
+from api.v1.hyperparameters import pretraining_learning_rate
+from shared.db.engine import get_engine
+from shared.db.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, utcnow
+
+RECORD = {
+    "messages": [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "Cold."},
+    ]
+}
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    from api.main import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def upload(client: TestClient, records: int = 8) -> str:
+    content = "".join(json.dumps(RECORD) + "\n" for _ in range(records)).encode()
+    answer = client.post(
+        "/v1/files", files={"file": ("train.jsonl", content, "application/jsonl")}, data={"purpose": "fine-tune"}
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"])
+
+
+def create(client: TestClient, **body: Any) -> Any:
+    return client.post("/v1/fine_tuning/jobs", json=body)
+
+
+def error_of(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body.keys() == {"error"} and body["error"].keys() == ENVELOPE_KEYS, body
+    return dict(body["error"])
+
+
+def job_rows() -> int:
+    with Session(get_engine()) as session:
+        return int(session.exec(select(func.count()).select_from(Job)).one())
+
+
+def native(client: TestClient, fine_tuning_job_id: str) -> dict[str, Any]:
+    answer = client.get(f"/jobs/{uuid.UUID(fine_tuning_job_id.removeprefix('ftjob-'))}")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_auto_hyperparameters_are_resolved_from_the_file_and_the_job_is_a_native_one(
+    client: TestClient, model_dir: Path
+) -> None:
+    file_id = upload(client, records=8)
+    answer = create(client, model=str(model_dir), training_file=file_id, suffix="weather", metadata={"team": "a"})
+    assert answer.status_code == 200, answer.text
+    job = answer.json()
+    assert re.fullmatch(r"ftjob-[0-9a-f]{32}", job["id"])
+    # 8 examples: epochs so that at least 100 are seen, 0.2 % of them as a batch (at least 1),
+    # and the smallest batch's multiplier.
+    resolved = {"n_epochs": 13, "batch_size": 1, "learning_rate_multiplier": 0.05}
+    assert job | {"id": None, "created_at": None, "seed": None} == {
+        "id": None,
+        "object": "fine_tuning.job",
+        "created_at": None,
+        "finished_at": None,
+        "model": str(model_dir),
+        "fine_tuned_model": None,
+        "organization_id": "local",
+        "status": "queued",
+        "training_file": file_id,
+        "validation_file": None,
+        "hyperparameters": resolved,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": resolved}},
+        "result_files": [],
+        "trained_tokens": None,
+        "error": None,
+        "seed": None,
+        "estimated_finish": None,
+        "metadata": {"team": "a"},
+        "user_provided_suffix": "weather",
+        "integrations": None,
+    }
+    assert 0 <= job["seed"] < 2**31
+    # The same job on the native API: the file as its dataset, a config tuneq chose.
+    same = native(client, job["id"])
+    assert same["dataset"] == file_id and same["deepspeed_config_chosen"] is True
+    assert same["training"]["epochs"] == 13 and same["training"]["seed"] == job["seed"]
+    assert same["training"]["learning_rate"] == pytest.approx(0.05 * pretraining_learning_rate({}))
+    assert same["training"]["keep_checkpoints"] == 3 and same["training"]["checkpoint_every_steps"] == 8
+    assert client.get(f"/v1/fine_tuning/jobs/{job['id']}").json() == job
+
+
+def test_given_hyperparameters_set_the_batch_layout_and_the_learning_rate(client: TestClient, model_dir: Path) -> None:
+    file_id = upload(client, records=40)
+    hyperparameters = {"n_epochs": 2, "batch_size": 12, "learning_rate_multiplier": 0.5}
+    answer = create(
+        client,
+        model=str(model_dir),
+        training_file=file_id,
+        validation_file=file_id,
+        seed=7,
+        method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
+    )
+    assert answer.status_code == 200, answer.text
+    job = answer.json()
+    assert job["hyperparameters"] == {**hyperparameters, "learning_rate_multiplier": 0.5}
+    assert (job["seed"], job["validation_file"]) == (7, file_id)
+    training = native(client, job["id"])["training"]
+    # No worker seen: one device, so each step is 12 examples as micro-batches of 6, twice.
+    assert (training["micro_batch_size"], training["gradient_accumulation_steps"]) == (6, 2)
+    assert training["learning_rate"] == pytest.approx(0.5 * pretraining_learning_rate({}))
+    # The deprecated top-level place works too.
+    top = create(client, model=str(model_dir), training_file=file_id, hyperparameters={"n_epochs": 1})
+    assert top.status_code == 200 and top.json()["hyperparameters"]["n_epochs"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"training_file": "file-" + "x" * 24}, "training_file", "no file"),
+        ({"training_file": "train.jsonl"}, "training_file", "no file"),
+        ({"validation_file": "file-" + "y" * 24}, "validation_file", "no file"),
+        ({"method": {"type": "dpo"}}, "method.type", "supervised"),
+        ({"hyperparameters": {"n_epochs": 0}}, "hyperparameters.n_epochs", "between 1 and 50"),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 9}}}},
+            "method.supervised.hyperparameters.batch_size",
+            "more than the 8 examples",
+        ),
+        (
+            {
+                "hyperparameters": {"n_epochs": 1},
+                "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}},
+            },
+            "hyperparameters",
+            "once",
+        ),
+        ({"hyperparameters": {"learning_rate_multiplier": 11}}, "hyperparameters.learning_rate_multiplier", "at most"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16"),
+        ({"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]}, "integrations", "not supported"),
+        ({"model": "/no/such/model"}, "model", "/no/such/model"),
+        ({"suffix": "a b"}, "suffix", "pattern"),
+        ({"seed": "7"}, "seed", "integer"),
+        ({"n_epochs": 3}, "n_epochs", "Extra inputs"),
+    ],
+)
+def test_a_bad_request_is_a_400_naming_the_parameter_and_leaves_no_job(
+    client: TestClient, model_dir: Path, body: dict[str, Any], param: str, words: str
+) -> None:
+    file_id = upload(client, records=8)
+    request = {"model": str(model_dir), "training_file": file_id} | body
+    refused = error_of(create(client, **request), 400)
+    assert refused["param"] == param and words in refused["message"], refused
+    assert refused["type"] == "invalid_request_error"
+    assert job_rows() == 0
+
+
+def test_a_body_that_is_not_strict_json_is_a_400_in_the_envelope(client: TestClient, model_dir: Path) -> None:
+    body = '{"model": "m", "training_file": "f", "seed": NaN}'
+    answer = client.post("/v1/fine_tuning/jobs", content=body, headers={"Content-Type": "application/json"})
+    refused = error_of(answer, 400)
+    assert "NaN" in refused["message"] and refused["param"] == "seed"
+    # The native API still answers it as a 422.
+    native = client.post("/jobs", content=body, headers={"Content-Type": "application/json"})
+    assert native.status_code == 422 and native.json()["detail"][0]["loc"] == ["body", "seed"]
+
+
+def test_jobs_are_listed_newest_first_a_page_at_a_time_and_by_metadata(client: TestClient, model_dir: Path) -> None:
+    file_id = upload(client)
+    ids = [
+        create(client, model=str(model_dir), training_file=file_id, metadata={"team": team, "n": str(n)}).json()["id"]
+        for n, team in enumerate(["a", "b", "a"])
+    ]
+    first = client.get("/v1/fine_tuning/jobs", params={"limit": 2}).json()
+    assert [j["id"] for j in first["data"]] == [ids[2], ids[1]] and first["has_more"] is True
+    rest = client.get("/v1/fine_tuning/jobs", params={"limit": 2, "after": ids[1]}).json()
+    assert [j["id"] for j in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    team_a = client.get("/v1/fine_tuning/jobs", params={"metadata[team]": "a"}).json()
+    assert [j["id"] for j in team_a["data"]] == [ids[2], ids[0]]
+    both = client.get("/v1/fine_tuning/jobs", params={"metadata[team]": "a", "metadata[n]": "0"}).json()
+    assert [j["id"] for j in both["data"]] == [ids[0]]
+    refused = error_of(client.get("/v1/fine_tuning/jobs", params={"after": "ftjob-" + "0" * 32}), 400)
+    assert refused["param"] == "after"
+
+
+def test_another_owner_s_or_a_missing_job_is_a_404(client: TestClient) -> None:
+    for path in (
+        "ftjob-" + "0" * 32,
+        "nonsense",
+        "ftjob-" + "0" * 32 + "/events",
+        "ftjob-" + "0" * 32 + "/checkpoints",
+    ):
+        assert error_of(client.get(f"/v1/fine_tuning/jobs/{path}"), 404)["param"] == "id"
+    assert error_of(client.post(f"/v1/fine_tuning/jobs/ftjob-{'0' * 32}/cancel"), 404)["param"] == "id"
+
+
+def test_cancel_and_the_events_it_leaves_newest_first(client: TestClient, model_dir: Path) -> None:
+    file_id = upload(client)
+    job = create(client, model=str(model_dir), training_file=file_id).json()
+    cancelled = client.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert native(client, job["id"])["status"] == "cancelled"
+    events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events").json()
+    assert [(e["message"], e["level"], e["type"]) for e in events["data"]] == [
+        ("Fine-tuning job cancelled", "info", "message"),
+        ("Job queued", "info", "message"),
+    ]
+    assert all(re.fullmatch(r"ftevent-\d+", e["id"]) and e["object"] == "fine_tuning.job.event" for e in events["data"])
+    page = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"limit": 1}).json()
+    older = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"after": page["data"][0]["id"]}).json()
+    assert page["has_more"] is True and [e["message"] for e in older["data"]] == ["Job queued"]
+    bad = error_of(client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"after": "12"}), 400)
+    assert bad["param"] == "after"
+
+
+def test_a_running_job_s_metrics_checkpoints_and_outcome_read_as_openai_s(client: TestClient, model_dir: Path) -> None:
+    """What the worker records (rows written here as it writes them) seen through /v1."""
+    file_id = upload(client)
+    job = create(client, model=str(model_dir), training_file=file_id, suffix="s1").json()
+    job_id = uuid.UUID(job["id"].removeprefix("ftjob-"))
+    with Session(get_engine(), expire_on_commit=False) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        row.status, row.attempts, row.started_at = JobStatus.running, 1, utcnow()
+        session.add(row)
+        session.commit()
+        assert client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["status"] == "validating_files"
+        row.total_steps, row.eta_seconds = 4, 60.0
+        session.add(row)
+        for step, loss in ((1, 2.5), (2, 2.0)):
+            session.add(JobMetric(job_id=job_id, step=step, loss=loss, learning_rate=1e-5, time=utcnow()))
+            data = {"step": step, "loss": loss, "learning_rate": 1e-5, "time": "t"}
+            session.add(JobEvent(job_id=job_id, type=EventType.metric, data=data))
+        session.add(JobEvent(job_id=job_id, type=EventType.log, data={"line": "not listed"}))
+        for step in (2, 4):
+            uri = f"/ckpt/{step}"
+            session.add(Checkpoint(job_id=job_id, step=step, kind=CheckpointKind.deepspeed, uri=uri, bytes=1))
+        session.add(Checkpoint(job_id=job_id, step=4, kind=CheckpointKind.model, uri="/model", bytes=1))
+        session.commit()
+        running = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
+        assert running["status"] == "running" and running["estimated_finish"] >= job["created_at"] + 59
+        metrics = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"limit": 2}).json()["data"]
+        assert [(e["type"], e["message"], e["data"]) for e in metrics] == [
+            (
+                "metrics",
+                "Step 2/4: training loss=2.0000",
+                {"step": 2, "train_loss": 2.0, "total_steps": 4, "learning_rate": 1e-5},
+            ),
+            (
+                "metrics",
+                "Step 1/4: training loss=2.5000",
+                {"step": 1, "train_loss": 2.5, "total_steps": 4, "learning_rate": 1e-5},
+            ),
+        ]
+        checkpoints = client.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()
+        assert [c["step_number"] for c in checkpoints["data"]] == [4, 2]  # resumable ones, newest first
+        second = checkpoints["data"][1]
+        assert second["metrics"] == {"step": 2.0, "train_loss": 2.0, "valid_loss": None}
+        assert second["fine_tuning_job_id"] == job["id"] and second["object"] == "fine_tuning.job.checkpoint"
+        assert second["fine_tuned_model_checkpoint"] == f"ft:model:local:s1:{job_id.hex[:12]}:ckpt-step-2"
+        after = client.get(
+            f"/v1/fine_tuning/jobs/{job['id']}/checkpoints", params={"after": checkpoints["first_id"]}
+        ).json()
+        assert [c["step_number"] for c in after["data"]] == [2]
+        row.status, row.finished_at, row.tokens_seen = JobStatus.succeeded, utcnow() + timedelta(seconds=1), 1234
+        session.add(row)
+        session.commit()
+    done = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded" and done["trained_tokens"] == 1234
+    assert done["fine_tuned_model"] == f"ft:model:local:s1:{job_id.hex[:12]}"
+    assert done["finished_at"] >= done["created_at"] and done["estimated_finish"] is None
+
+
+def test_the_native_api_takes_an_uploaded_file_as_its_dataset(client: TestClient, body: dict[str, Any]) -> None:
+    file_id = upload(client)
+    created = client.post("/jobs", json=body | {"dataset": file_id})
+    assert created.status_code == 201, created.text
+    assert created.json()["dataset"] == file_id
+    missing = client.post("/jobs", json=body | {"dataset": "file-" + "z" * 24})
+    assert missing.status_code == 422
+    assert (
+        missing.json()["detail"][0]["loc"] == ["body", "dataset"] and "not found" in missing.json()["detail"][0]["msg"]
+    )
+    text_format = client.post("/jobs", json=body | {"dataset": file_id, "training": {"dataset_format": "text"}})
+    assert text_format.status_code == 422
+    assert text_format.json()["detail"][0]["loc"] == ["body", "training", "dataset_format"]
