@@ -22,11 +22,28 @@ SEED_DEEPSPEED_CONFIG: dict[str, object] = {
     "optimizer": {"type": "Adam", "params": {"lr": 3e-05, "betas": [0.9, 0.999], "eps": 1e-8}},
 }
 
-# A ChatML-style template, so the tiny model can train on the messages format.
+# A ChatML-style template that supports tools, so the tiny model can train on every kind of
+# chat record: the tools offered in a system turn first, tool calls as JSON after an assistant's
+# content, a tool's result with the id of the call it answers. Conversations without tools render
+# as plain ChatML.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['tool_call_id'] is defined %}<tool_response id={{ message['tool_call_id'] }}>{% endif %}"
+    "{% if message['content'] is defined %}{{ message['content'] }}{% endif %}"
+    "{% if message['tool_call_id'] is defined %}</tool_response>{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>{{ call['function'] | tojson }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+WEATHER_TOOL: dict[str, object] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 _SUBJECTS = ["the cat", "a dog", "the model", "my friend", "the engine", "a bird", "the teacher", "our team"]
 _VERBS = ["sees", "likes", "trains", "finds", "builds", "reads", "follows", "paints"]
@@ -74,10 +91,14 @@ def write_prompt_completion_dataset(path: Path, *, records: int = 64, seed: int 
 
 
 def write_messages_dataset(path: Path, *, records: int = 64, seed: int = 0) -> Path:
-    """Conversations of a system, a user and an assistant turn, sometimes two rounds."""
+    """Conversations of a system, a user and an assistant turn, sometimes two rounds; every
+    fourth is OpenAI's tool-calling kind (``weather_conversation``)."""
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as f:
-        for _ in range(records):
+        for index in range(records):
+            if index % 4 == 3:
+                f.write(json.dumps(weather_conversation(rng)) + "\n")
+                continue
             messages = [{"role": "system", "content": "answer briefly."}]
             for _ in range(rng.randint(1, 2)):
                 subject, verb, obj = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
@@ -85,6 +106,29 @@ def write_messages_dataset(path: Path, *, records: int = 64, seed: int = 0) -> P
                 messages.append({"role": "assistant", "content": f"{subject} {verb} {obj}."})
             f.write(json.dumps({"messages": messages}) + "\n")
     return path
+
+
+def weather_conversation(rng: random.Random) -> dict[str, object]:
+    """A chat record with everything OpenAI's chat format has: a developer message, a turn not
+    trained on (``weight: 0``), a tool call (``content: null``) and its result, and the tools."""
+    city, celsius = rng.choice(["Oslo", "Lima", "Pune", "Kyiv"]), rng.randint(-5, 30)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
+    return {
+        "messages": [
+            {"role": "system", "content": "answer briefly."},
+            {"role": "developer", "content": "use the tools."},
+            {"role": "user", "content": f"weather in {city}?"},
+            {"role": "assistant", "content": "let me see.", "weight": 0},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"celsius": celsius})},
+            {"role": "assistant", "content": f"{celsius} degrees in {city}."},
+        ],
+        "tools": [WEATHER_TOOL],
+    }
 
 
 def build_tiny_model(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shared.data.records import DatasetError
-from shared.data.tokenized import DatasetStats, TokenizedSamples, prepare_tokenized
+from shared.data.tokenized import DatasetStats, TokenizationError, TokenizedSamples, prepare_tokenized
 from shared.jobs.spec import TrainingOptions
 
 
@@ -108,7 +108,7 @@ def load_training_data(
     tokenizer: Any,
     cache_dir: Path,
 ) -> TrainingData:
-    """Raises DatasetError (naming ``dataset`` or ``validation_dataset``) or TokenizationError."""
+    """Raises DatasetError or TokenizationError, naming ``dataset`` or ``validation_dataset``."""
 
     def load(path: Path, what: str, dataset_format: Any) -> tuple[TokenizedSamples, DatasetStats]:
         try:
@@ -121,6 +121,8 @@ def load_training_data(
             )
         except DatasetError as e:
             raise DatasetError(f"{what}: {e}", e.problems) from None
+        except TokenizationError as e:
+            raise TokenizationError(f"{what}: {e}") from None
         if len(samples) == 0:
             raise DatasetError(f"{what}: no record has anything to train on (two or more tokens, a target token)")
         return samples, stats

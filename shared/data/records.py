@@ -4,14 +4,15 @@ Three record formats, told apart by their fields (or named by ``training.dataset
 
 - ``text``: ``{"text": "..."}``, causal LM on the whole text;
 - ``prompt_completion``: ``{"prompt": "...", "completion": "..."}``, loss on the completion;
-- ``messages``: ``{"messages": [{"role": "user", "content": "..."}, ...]}``, rendered with
-  the tokenizer's chat template, loss on the assistant turns.
+- ``messages``: OpenAI's chat fine-tuning format, ``{"messages": [{"role": "user", "content":
+  "..."}, ...], "tools": [...]}``, rendered with the tokenizer's chat template, loss on the
+  assistant turns: roles ``system``, ``developer`` (OpenAI's newer name for ``system``), ``user``,
+  ``assistant`` and ``tool``; assistant ``tool_calls`` (with ``content: null``); an assistant's
+  ``weight`` (0: not trained on); a top-level ``tools`` list.
 
-Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked against OpenAI's
-chat fine-tuning format instead (``check_openai_chat_file``): the same ``messages`` records plus
-the ``developer`` role, assistant ``tool_calls`` (with ``content: null``), an assistant's
-``weight`` (0: not trained on) and a top-level ``tools`` list. Both are checked by one walk of a
-record's messages (``_chat_problem``), so the native format accepts exactly what it did.
+Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked by the same rules
+(``check_openai_chat_file``, which phrases problems as that API does), so an uploaded file and a
+dataset given to ``POST /jobs`` are read, checked and trained the same way.
 
 Files are JSON Lines (read here, so a bad line is named by its number), or JSON, CSV and
 Parquet (read with the ``datasets`` library, a bad record named by its row).
@@ -19,6 +20,7 @@ Parquet (read with the ``datasets`` library, a bad record named by its row).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Iterator
@@ -28,12 +30,13 @@ from typing import Any, Literal, get_args
 
 DatasetFormat = Literal["text", "prompt_completion", "messages"]
 FORMATS: tuple[str, ...] = get_args(DatasetFormat)
-ROLES = ("system", "user", "assistant", "tool")
-# OpenAI's chat fine-tuning format: ``developer`` is its newer name for ``system``.
-OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+# OpenAI's chat roles: ``developer`` is its newer name for ``system`` (rendered as ``system``).
+ROLES = ("system", "developer", "user", "assistant", "tool")
 # File types by extension. Anything else is read as JSON Lines, the documented default.
 JSON_LINES, JSON_FILE, CSV, PARQUET = "jsonl", "json", "csv", "parquet"
 FILE_TYPES = {".jsonl": JSON_LINES, ".ndjson": JSON_LINES, ".json": JSON_FILE, ".csv": CSV, ".parquet": PARQUET}
+# A CSV cell holds text, so these columns of a CSV file hold JSON text.
+JSON_TEXT_COLUMNS = ("messages", "tools")
 
 # How many bad records one error message names before it says "and N more".
 MAX_REPORTED_PROBLEMS = 5
@@ -137,7 +140,33 @@ def iter_table(path: Path, kind: str) -> Iterator[tuple[str, Any | RecordProblem
             raise DatasetError(f"{path.name} cannot be read as {kind.upper()}: {_first_line(e)}") from None
         assert isinstance(table, datasets.Dataset)
         for index, record in enumerate(table, start=1):
+            record = _without_nulls(record)
+            if kind == CSV:
+                _decode_json_text(record)
             yield f"{label} {index}", record
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued key left out, at every depth.
+
+    A table gives every record every field any record has: Arrow fills the ones a record lacks
+    (a message's ``tool_calls``, a tool schema's other properties) with nulls, which would
+    otherwise read as fields given as null and reach the chat template.
+    """
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _decode_json_text(record: dict[str, Any]) -> None:
+    """A CSV row's ``messages`` and ``tools`` cells as the JSON their text holds. Text that is
+    not JSON stays text, and the record check says the field must be a list."""
+    for column in JSON_TEXT_COLUMNS:
+        if isinstance(record.get(column), str):
+            with contextlib.suppress(json.JSONDecodeError):
+                record[column] = json.loads(record[column])
 
 
 def _first_line(error: BaseException) -> str:
@@ -168,62 +197,55 @@ def _string_field(record: dict[str, Any], name: str, *, may_be_empty: bool = Fal
     return None
 
 
-def _chat_problem(record: dict[str, Any], *, openai: bool) -> FieldProblem | None:
-    """The first problem of a chat record: tuneq's ``messages`` format, or with ``openai``
-    OpenAI's chat fine-tuning format (its roles, assistant ``tool_calls`` and ``weight``, a
-    top-level ``tools`` list). One walk for both, so the two agree on everything they share."""
+def _chat_problem(record: dict[str, Any]) -> FieldProblem | None:
+    """The first problem of a chat record (OpenAI's chat fine-tuning format): its messages,
+    their roles, assistant ``tool_calls`` and ``weight``, and the top-level ``tools``.
+
+    The one rule set of both the native ``messages`` format and ``POST /v1/files``. A field
+    given as null counts as absent, as transformers treats it when it renders a conversation.
+    """
     messages = record.get("messages")
-    if isinstance(messages, str) and not openai:  # CSV cells hold JSON text
-        try:
-            messages = record["messages"] = json.loads(messages)
-        except json.JSONDecodeError:
-            return FieldProblem("messages", 'must be a list of {"role", "content"} objects')
     if not isinstance(messages, list) or not messages:
         return FieldProblem("messages", 'must be a non-empty list of {"role", "content"} objects')
-    roles = OPENAI_ROLES if openai else ROLES
     for i, message in enumerate(messages):
         at = f"messages[{i}]"
         if not isinstance(message, dict):
             return FieldProblem(at, "must be an object with role and content")
-        if message.get("role") not in roles:
-            return FieldProblem(f"{at}.role", f"must be one of {', '.join(roles)}")
-        if openai:
-            if (problem := _openai_message_problem(message, at)) is not None:
-                return problem
-        elif not isinstance(message.get("content"), str):
-            return FieldProblem(f"{at}.content", "must be a string")
-    if openai:
-        if not any(_trained_openai_turn(m) for m in messages):
-            return FieldProblem(
-                "messages", "has no assistant message to train on (with content or tool_calls, and weight 1)"
-            )
-        return _openai_tools_problem(record)
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-        return FieldProblem(None, 'has no non-empty "assistant" message to train on')
-    return None
+        if message.get("role") not in ROLES:
+            return FieldProblem(f"{at}.role", f"must be one of {', '.join(ROLES)}")
+        if (problem := _message_problem(message, at)) is not None:
+            return problem
+    if not any(is_trained_turn(m) and (_says_something(m) or m.get("tool_calls")) for m in messages):
+        return FieldProblem(
+            "messages", "has no assistant message to train on (with content or tool_calls, and weight 1)"
+        )
+    return _tools_problem(record)
 
 
-def _trained_openai_turn(message: dict[str, Any]) -> bool:
-    """An assistant turn the loss covers: weight 1 (the default) and something said or called."""
-    said = isinstance(message.get("content"), str) and message["content"].strip()
-    return message["role"] == "assistant" and message.get("weight", 1) == 1 and bool(said or message.get("tool_calls"))
+def is_trained_turn(message: dict[str, Any]) -> bool:
+    """Whether the loss covers this message: an assistant turn without ``weight: 0``."""
+    return message.get("role") == "assistant" and message.get("weight") != 0
+
+
+def _says_something(message: dict[str, Any]) -> bool:
+    return isinstance(message.get("content"), str) and bool(message["content"].strip())
 
 
 def _string_or_absent(item: dict[str, Any], name: str, at: str) -> FieldProblem | None:
-    """An optional string field of ``item`` (found at ``at``): absent, or a string."""
-    if name in item and not isinstance(item[name], str):
+    """An optional string field of ``item`` (found at ``at``): absent (or null), or a string."""
+    if item.get(name) is not None and not isinstance(item[name], str):
         return FieldProblem(f"{at}.{name}", "must be a string")
     return None
 
 
-def _openai_message_problem(message: dict[str, Any], at: str) -> FieldProblem | None:
-    """One message of OpenAI's chat format, its role already checked."""
+def _message_problem(message: dict[str, Any], at: str) -> FieldProblem | None:
+    """One message, its role already checked."""
     assistant = message["role"] == "assistant"
     tool_calls = message.get("tool_calls")
     content = message.get("content")
     if not assistant:
         for only_assistant in ("tool_calls", "weight"):
-            if only_assistant in message:
+            if message.get(only_assistant) is not None:
                 return FieldProblem(f"{at}.{only_assistant}", "is only allowed on assistant messages")
     if tool_calls is not None and (problem := _tool_calls_problem(tool_calls, f"{at}.tool_calls")):
         return problem
@@ -231,9 +253,20 @@ def _openai_message_problem(message: dict[str, Any], at: str) -> FieldProblem | 
         # Content parts (lists of text or images) are OpenAI's vision fine-tuning; not trained here.
         need = "a string, or null on an assistant message with tool_calls" if assistant else "a string"
         return FieldProblem(f"{at}.content", f"must be {need}")
-    if "weight" in message and (isinstance(message["weight"], bool) or message["weight"] not in (0, 1)):
+    weight = message.get("weight")
+    if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
         return FieldProblem(f"{at}.weight", "must be 0 (not trained on) or 1")
     return _string_or_absent(message, "name", at) or _string_or_absent(message, "tool_call_id", at)
+
+
+def call_arguments(text: str) -> dict[str, Any] | None:
+    """A tool call's ``arguments`` (OpenAI gives them as JSON text) as the object they hold,
+    or None when the text is not a JSON object."""
+    try:
+        arguments = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return arguments if isinstance(arguments, dict) else None
 
 
 def _tool_calls_problem(tool_calls: Any, at: str) -> FieldProblem | None:
@@ -250,13 +283,18 @@ def _tool_calls_problem(tool_calls: Any, at: str) -> FieldProblem | None:
         function = call.get("function")
         if not isinstance(function, dict):
             return FieldProblem(f"{here}.function", 'must be an object like {"name", "arguments"}')
-        for name in ("name", "arguments"):  # arguments: the call's JSON, as a string
-            if not isinstance(function.get(name), str):
-                return FieldProblem(f"{here}.function.{name}", "must be a string")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            return FieldProblem(f"{here}.function.name", "must be a non-empty string")
+        arguments = function.get("arguments")
+        # Chat templates render the arguments as an object, so they must hold one.
+        if not isinstance(arguments, str) or call_arguments(arguments) is None:
+            return FieldProblem(
+                f"{here}.function.arguments", 'must be a string holding a JSON object, like "{\\"city\\": \\"Oslo\\"}"'
+            )
     return None
 
 
-def _openai_tools_problem(record: dict[str, Any]) -> FieldProblem | None:
+def _tools_problem(record: dict[str, Any]) -> FieldProblem | None:
     """The record's ``tools``, when it has any: the functions its assistant may call."""
     tools = record.get("tools")
     if tools is None:
@@ -274,16 +312,17 @@ def _openai_tools_problem(record: dict[str, Any]) -> FieldProblem | None:
             return FieldProblem(f"{here}.function", 'must be an object like {"name", "description", "parameters"}')
         if not isinstance(function.get("name"), str) or not function["name"]:
             return FieldProblem(f"{here}.function.name", "must be a non-empty string")
-        if "parameters" in function and not isinstance(function["parameters"], dict):
+        if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
             return FieldProblem(f"{here}.function.parameters", "must be a JSON Schema object")
     return None
 
 
 def openai_chat_problem(record: Any) -> FieldProblem | None:
-    """What is wrong with one record of OpenAI's chat fine-tuning format, or None."""
+    """What is wrong with one chat record (OpenAI's chat fine-tuning format, which is also the
+    native ``messages`` format), or None."""
     if not isinstance(record, dict):
         return FieldProblem(None, 'must be a JSON object like {"messages": [...]}')
-    return _chat_problem(record, openai=True)
+    return _chat_problem(record)
 
 
 def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
@@ -294,7 +333,7 @@ def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
         return _string_field(record, "text")
     if dataset_format == "prompt_completion":
         return _string_field(record, "prompt", may_be_empty=True) or _string_field(record, "completion")
-    problem = _chat_problem(record, openai=False)
+    problem = _chat_problem(record)
     return None if problem is None else problem.native_text()
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,12 +30,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from shared.data.records import DatasetFormat, Records
+from shared.data.records import DatasetFormat, Records, call_arguments, is_trained_turn
 
 logger = logging.getLogger(__name__)
 
 # Bump when the way records become ids or targets changes: old cache entries are then unused.
-TOKENIZATION_VERSION = 1
+TOKENIZATION_VERSION = 2  # 2: OpenAI's chat format (tools, tool_calls, developer, weight)
 BATCH = 1000  # records per tokenizer call: fast tokenizers work through a batch in parallel
 
 
@@ -129,7 +130,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 # --- records to (ids, targets) ---------------------------------------------------------------
 
 
-def _text_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+def _text_samples(
+    tokenizer: Any, rows: list[dict[str, Any]], where: list[str]
+) -> Iterator[tuple[list[int], list[int]]]:
     eos = tokenizer.eos_token_id
     for ids in tokenizer([r["text"] for r in rows], add_special_tokens=True)["input_ids"]:
         # End each sample with EOS so the model learns where a text stops.
@@ -138,7 +141,9 @@ def _text_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[
         yield ids, [1] * len(ids)
 
 
-def _prompt_completion_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+def _prompt_completion_samples(
+    tokenizer: Any, rows: list[dict[str, Any]], where: list[str]
+) -> Iterator[tuple[list[int], list[int]]]:
     eos = tokenizer.eos_token_id
     prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=True)["input_ids"]
     completions = tokenizer([r["completion"] for r in rows], add_special_tokens=False)["input_ids"]
@@ -148,42 +153,126 @@ def _prompt_completion_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> It
         yield [*prompt, *completion], [0] * len(prompt) + [1] * len(completion)
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character spans of its assistant turns.
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """One record message (OpenAI's chat format) as transformers' chat templates take it.
+
+    ``developer`` becomes ``system``, which templates know. A tool call's ``arguments`` become
+    the object their JSON text holds: transformers' tool-use guide passes them as a dict, and
+    templates write them with ``tojson``, which would quote OpenAI's string a second time.
+    Null fields are left out (``content`` of a tool-calling turn), as transformers does.
+    ``weight`` is tuneq's to read, not the template's.
+    """
+    rendered: dict[str, Any] = {"role": "system" if message["role"] == "developer" else message["role"]}
+    for name in ("content", "name", "tool_call_id"):
+        if message.get(name) is not None:
+            rendered[name] = message[name]
+    if message.get("tool_calls"):
+        rendered["tool_calls"] = [
+            {
+                **({"id": call["id"]} if call.get("id") is not None else {}),
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": call_arguments(call["function"]["arguments"]),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return rendered
+
+
+def _names(template: str, variable: str) -> bool:
+    return re.search(rf"(?<!\w){variable}(?!\w)", template) is not None
+
+
+def _chat_template(tokenizer: Any, tools: list[dict[str, Any]] | None, where: str) -> str:
+    """The template source that renders a record with these tools (a tokenizer may keep a
+    ``tool_use`` template beside its default one)."""
+    try:
+        template = tokenizer.get_chat_template(None, tools)
+    except ValueError as e:  # several named templates and none is the default
+        raise TokenizationError(f"{where}: the model's chat template cannot be chosen ({e})") from None
+    assert isinstance(template, str)
+    return template
+
+
+def _refuse_unrendered_tool_use(template: str, record: dict[str, Any], where: str) -> None:
+    """A template can only render what it names: the ``tools`` variable, a message's
+    ``tool_calls``. One that never names them drops them without an error, and the model would
+    learn to answer as if it had called nothing; so such a record is refused."""
+    unrendered, unnamed = [], []
+    if record.get("tools") and not _names(template, "tools"):
+        unrendered.append("a tools list")
+        unnamed.append("tools")
+    if any(m.get("tool_calls") for m in record["messages"]) and not _names(template, "tool_calls"):
+        unrendered.append("tool calls")
+        unnamed.append("tool_calls")
+    if unrendered:
+        raise TokenizationError(
+            f"{where} has {' and '.join(unrendered)}, but the model's chat template does not support tools "
+            f"(it never mentions {' or '.join(unnamed)}): pick a model whose chat template supports tools, "
+            "or drop the tool calls and tools from the dataset"
+        )
+
+
+def assistant_spans(tokenizer: Any, record: dict[str, Any], *, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its trained assistant turns.
 
     A turn's span is what rendering it adds to the conversation before it (with the
-    generation prompt), so the template's own markup around the reply is not trained on.
+    generation prompt), so the template's own markup around the reply is not trained on, and
+    a tool-calling turn's span holds the calls as the template writes them. Turns with
+    ``weight: 0`` are rendered but not trained on. ``where`` names the record in errors.
     """
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    tools = record.get("tools") or None  # an empty list offers no tools: no tools section
+    template = _chat_template(tokenizer, tools, where)
+    _refuse_unrendered_tool_use(template, record, where)
+    messages = [template_message(m) for m in record["messages"]]
 
     def render(upto: int, *, generation_prompt: bool = False) -> str:
         if upto == 0:
             return ""
-        text = tokenizer.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
+        try:
+            text = tokenizer.apply_chat_template(
+                messages[:upto],
+                tools=tools,
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+        except TemplateError as e:  # the template's raise_exception, or a field it needs and lacks
+            raise TokenizationError(
+                f"{where} cannot be rendered by the model's chat template ({e}): pick a model whose chat "
+                "template takes these roles and fields, or change the record"
+            ) from None
         assert isinstance(text, str)
         return text
 
     full = render(len(messages))
     spans = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+    for i, message in enumerate(record["messages"]):
+        if not is_trained_turn(message):
             continue
         before, through = render(i, generation_prompt=True), render(i + 1)
         if not (full.startswith(through) and through.startswith(before)):
             raise TokenizationError(
-                "the tokenizer's chat template does not render a conversation turn by turn, so "
+                f"{where}: the model's chat template does not render a conversation turn by turn, so "
                 "assistant turns cannot be found: use the prompt_completion format instead"
             )
         spans.append((len(before), len(through)))
     return full, spans
 
 
-def _messages_samples(tokenizer: Any, rows: list[dict[str, Any]]) -> Iterator[tuple[list[int], list[int]]]:
+def _messages_samples(
+    tokenizer: Any, rows: list[dict[str, Any]], where: list[str]
+) -> Iterator[tuple[list[int], list[int]]]:
     if not getattr(tokenizer, "chat_template", None):
         raise TokenizationError(
             "the model's tokenizer has no chat template, which the messages format needs: use a "
             "chat model, or the prompt_completion format"
         )
-    rendered = [assistant_spans(tokenizer, r["messages"]) for r in rows]
+    rendered = [assistant_spans(tokenizer, row, where=at) for row, at in zip(rows, where, strict=True)]
     # The template writes the special tokens (BOS and turn markers) itself.
     encoded = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
     for ids, offsets, (_, spans) in zip(encoded["input_ids"], encoded["offset_mapping"], rendered, strict=True):
@@ -201,7 +290,8 @@ def tokenize_records(records: Records, tokenizer: Any, *, max_seq_length: int) -
     lengths: list[int] = []
     truncated = dropped = longest = 0
     for start in range(0, len(records.rows), BATCH):
-        for ids, target in to_samples(tokenizer, records.rows[start : start + BATCH]):
+        batch = slice(start, start + BATCH)
+        for ids, target in to_samples(tokenizer, records.rows[batch], records.where[batch]):
             longest = max(longest, len(ids))
             if len(ids) > max_seq_length:
                 truncated += 1
@@ -306,7 +396,10 @@ def prepare_tokenized(
             logger.info("tokenized %s found in the cache (%s)", path.name, key)
             return cached
         records = read_records(path, dataset_format=chosen)
-        samples, stats = tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
+        try:
+            samples, stats = tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
+        except TokenizationError as e:  # named like a DatasetError: "data.jsonl: line 3 ..."
+            raise TokenizationError(f"{path.name}: {e}") from None
         _store(entry, samples, stats)
         logger.info("tokenized %s: %d samples, %d tokens (%s)", path.name, stats.samples, stats.tokens, key)
         return samples, stats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,21 @@ pytestmark = pytest.mark.slow
 def home(home: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
 
     data = home / "data"
     write_text_dataset(data / "text.jsonl", records=200)
     write_prompt_completion_dataset(data / "qa.jsonl", records=60)
+    # Every fourth conversation calls a tool, after a turn not trained on (weight 0).
     conversations = write_messages_dataset(data / "chat.jsonl", records=60)
     rows = [json.loads(line) for line in conversations.read_text(encoding="utf-8").splitlines()]
-    pq.write_table(pa.table({"messages": [r["messages"] for r in rows[:48]]}), data / "chat-train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:48]), data / "chat-train.parquet")
     write_messages_dataset(data / "chat-eval.jsonl", records=8, seed=5)
+    # The tiny model with a chat template that knows nothing of tools.
+    tokenizer = AutoTokenizer.from_pretrained(data / "tiny-gpt-neo")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    shutil.copytree(data / "tiny-gpt-neo", data / "tiny-no-tools")
+    tokenizer.save_pretrained(data / "tiny-no-tools")
     return home
 
 
@@ -88,7 +96,7 @@ def test_messages_from_parquet_on_two_ranks_packed_with_a_validation_file(servic
         training={"max_steps": 4, "max_seq_length": 128, "packing": True},
     )
     stats = job["dataset_stats"]
-    assert stats["train"]["format"] == "messages" and stats["train"]["records"] == 48
+    assert stats["train"]["format"] == "messages" and stats["train"]["records"] == 48 == stats["train"]["samples"]
     assert stats["validation"]["format"] == "messages" and stats["validation"]["records"] == 8
     assert [m["step"] for m in metrics if m["eval_loss"] is not None] == [4]
     assert job["total_steps"] == 4
@@ -181,3 +189,16 @@ def test_plan_refuses_what_the_run_would(service: Tuneq, home: Path) -> None:
     assert problem["loc"] == ["body", "training", "lora"] and "q_proj" in problem["msg"]
     missing = service.client.post("/jobs/plan", json=body(home, "nope.jsonl"))
     assert missing.status_code == 422 and "does not exist" in missing.text
+
+    # Tool calls for a model whose chat template has no tool support: refused by the plan, and
+    # the job fails as the user's error, naming the first such record.
+    no_tools = body(home, "chat.jsonl", model=str(home / "data" / "tiny-no-tools"))
+    answer = service.client.post("/jobs/plan", json=no_tools)
+    assert answer.status_code == 422
+    [problem] = answer.json()["detail"]
+    refusal = "dataset: chat.jsonl: line 4 has a tools list and tool calls, but the model's chat template does not"
+    assert problem["loc"] == ["body", "dataset"] and problem["msg"].startswith(refusal)
+    assert "pick a model whose chat template supports tools" in problem["msg"]
+    failed = service.wait(service.submit(no_tools)["id"], timeout=300)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "invalid_input"
+    assert failed["error"]["message"].startswith(refusal) and "Traceback" not in failed["error"]["message"]

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.data.records import DatasetError, check_openai_chat_file, read_records
+from cli.samples import WEATHER_TOOL
+from shared.data.records import DatasetError, FieldProblem, check_openai_chat_file, read_records
+from tests.shared.data.chat_records import OPENAI_CHAT, TOOL_CALL
 
 
 def read_text_records(path: Path) -> list[str]:
@@ -109,10 +111,17 @@ def test_prompt_completion_problems(tmp_path: Path, record: dict[str, object], e
     ("messages", "expected"),
     [
         ([], 'field "messages" must be a non-empty list'),
-        ("hello", 'field "messages" must be a list'),
-        ([{"role": "robot", "content": "x"}], "field messages[0].role must be one of system, user, assistant"),
+        ("hello", 'field "messages" must be a non-empty list'),  # JSON text is read as JSON in CSV cells only
+        (
+            [{"role": "robot", "content": "x"}],
+            "field messages[0].role must be one of system, developer, user, assistant",
+        ),
         ([{"role": "user", "content": 3}], "field messages[0].content must be a string"),
-        ([{"role": "user", "content": "hi"}], 'has no non-empty "assistant" message'),
+        ([{"role": "user", "content": "hi"}], 'field "messages" has no assistant message to train on'),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}],
+            'field "messages" has no assistant',
+        ),
         (["hi"], "field messages[0] must be an object"),
     ],
 )
@@ -139,10 +148,14 @@ def test_csv_rows_are_read_with_datasets_and_named_by_row(tmp_path: Path) -> Non
     assert records.format == "prompt_completion" and records.rows[0]["completion"] == "there, you"
 
 
-def test_csv_messages_column_holds_json(tmp_path: Path) -> None:
-    cell = json.dumps(CONVERSATION).replace('"', '""')
-    records = read_records(write(tmp_path / "d.csv", f'messages\n"{cell}"\n'))
-    assert records.format == "messages" and records.rows[0]["messages"] == CONVERSATION
+def test_csv_messages_and_tools_columns_hold_json(tmp_path: Path) -> None:
+    def cell(value: object) -> str:
+        return '"' + json.dumps(value).replace('"', '""') + '"'
+
+    rows = f"{cell(CONVERSATION)},\n{cell(OPENAI_CHAT['messages'])},{cell(OPENAI_CHAT['tools'])}\n"
+    records = read_records(write(tmp_path / "d.csv", "messages,tools\n" + rows))
+    assert records.format == "messages" and records.rows[0] == {"messages": CONVERSATION}
+    assert records.rows[1] == {"messages": OPENAI_CHAT["messages"], "tools": OPENAI_CHAT["tools"]}
 
 
 def test_json_array_and_parquet(tmp_path: Path) -> None:
@@ -156,31 +169,24 @@ def test_json_array_and_parquet(tmp_path: Path) -> None:
     assert records.format == "messages" and records.rows[1]["messages"] == CONVERSATION
 
 
+def test_a_table_of_chat_records_with_and_without_tools(tmp_path: Path) -> None:
+    """Arrow gives every message every field some message has, as nulls: read as absent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([OPENAI_CHAT, {"messages": CONVERSATION}]), tmp_path / "d.parquet")
+    records = read_records(tmp_path / "d.parquet")
+    assert records.format == "messages" and records.rows[1] == {"messages": CONVERSATION}
+    tool_calling = {k: v for k, v in OPENAI_CHAT["messages"][4].items() if v is not None}
+    assert records.rows[0]["messages"][4] == tool_calling and records.rows[0]["tools"] == [WEATHER_TOOL]
+    assert records.rows[0]["messages"][:4] + records.rows[0]["messages"][5:] == (
+        OPENAI_CHAT["messages"][:4] + OPENAI_CHAT["messages"][5:]
+    )
+
+
 def test_unreadable_table_says_so(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"d.parquet cannot be read as PARQUET"):
         read_records(write(tmp_path / "d.parquet", "not parquet"))
-
-
-# OpenAI's chat fine-tuning format (POST /v1/files): a system prompt, a developer note, a tool
-# call with null content and its result, an untrained (weight 0) turn and the tools offered.
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
-TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
-OPENAI_CHAT = {
-    "messages": [
-        {"role": "system", "content": "You answer briefly."},
-        {"role": "developer", "content": "Use the tools."},
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": "Let me think.", "weight": 0},
-        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 3}'},
-        {"role": "assistant", "content": "3 degrees.", "weight": 1},
-    ],
-    "tools": [WEATHER_TOOL],
-    "parallel_tool_calls": False,
-}
 
 
 def with_message(index: int, **fields: object) -> dict[str, object]:
@@ -195,12 +201,18 @@ def test_openai_chat_records_with_tools_and_weights_are_accepted(tmp_path: Path)
     assert check_openai_chat_file(write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT, {"messages": CONVERSATION}])) == 2
 
 
-def test_the_native_messages_format_still_refuses_what_only_openai_allows(tmp_path: Path) -> None:
-    """/jobs accepts what it did: no developer role, no null content with tool_calls."""
-    with pytest.raises(DatasetError, match=r"line 1 field messages\[1\].role must be one of system, user, assistant"):
-        read_records(write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT]), dataset_format="messages")
-    with pytest.raises(DatasetError, match=r"line 1 field messages\[1\].content must be a string"):
-        read_records(write_jsonl(tmp_path / "d.jsonl", [with_message(1, role="user", content=None)]))
+def test_the_native_messages_format_is_openais_chat_format(tmp_path: Path) -> None:
+    """POST /jobs reads what POST /v1/files accepts: developer, tool calls, weights, tools."""
+    records = read_records(write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT, {"messages": CONVERSATION}]))
+    assert records.format == "messages" and records.rows == [OPENAI_CHAT, {"messages": CONVERSATION}]
+
+
+def test_null_optional_fields_count_as_absent(tmp_path: Path) -> None:
+    """As transformers treats them, and as a table gives the fields a record lacks."""
+    record = with_message(2, tool_calls=None, weight=None, name=None)
+    record["messages"][2].update(tool_calls=None, weight=None, name=None)
+    record["messages"][3]["tool_call_id"] = None
+    assert check_openai_chat_file(write_jsonl(tmp_path / "d.jsonl", [{**record, "tools": None}])) == 1
 
 
 @pytest.mark.parametrize(
@@ -222,6 +234,14 @@ def test_the_native_messages_format_still_refuses_what_only_openai_allows(tmp_pa
             with_message(4, tool_calls=[{**TOOL_CALL, "function": {"name": "f", "arguments": {"city": "Oslo"}}}]),
             "messages[4].tool_calls[0].function.arguments must be a string",
         ),
+        (
+            with_message(4, tool_calls=[{**TOOL_CALL, "function": {"name": "f", "arguments": '"Oslo"'}}]),
+            'messages[4].tool_calls[0].function.arguments must be a string holding a JSON object, like "{\\"city',
+        ),
+        (
+            with_message(4, tool_calls=[{**TOOL_CALL, "function": {"name": "", "arguments": "{}"}}]),
+            "messages[4].tool_calls[0].function.name must be a non-empty string",
+        ),
         (with_message(2, tool_calls=[TOOL_CALL]), "messages[2].tool_calls is only allowed on assistant messages"),
         (with_message(2, weight=0), "messages[2].weight is only allowed on assistant messages"),
         (with_message(3, weight=2), "messages[3].weight must be 0 (not trained on) or 1"),
@@ -235,12 +255,19 @@ def test_the_native_messages_format_still_refuses_what_only_openai_allows(tmp_pa
         ({**OPENAI_CHAT, "tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name must be"),
     ],
 )
-def test_a_bad_openai_chat_record_is_named_by_line_and_field(tmp_path: Path, record: object, expected: str) -> None:
+def test_a_bad_chat_record_is_named_by_line_and_field(tmp_path: Path, record: object, expected: str) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT] * 6 + [record] + [OPENAI_CHAT])
     with pytest.raises(DatasetError) as e:
         check_openai_chat_file(path)
     assert str(e.value).startswith(f"line 7: {expected}"), str(e.value)
     assert [p.line for p in e.value.problems] == [7]
+    # The native format refuses the same record by the same rule, as it phrases problems.
+    with pytest.raises(DatasetError) as native:
+        read_records(path, dataset_format="messages")
+    assert [p.line for p in native.value.problems] == [7]
+    field, _, rest = expected.partition(" ")
+    if field != "the":  # the record as a whole: phrased as each format's example
+        assert f"line 7 {FieldProblem(field, rest).native_text()}" in str(native.value), str(native.value)
 
 
 def test_openai_chat_file_problems_are_summarised_and_json_errors_named(tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cli.samples import write_messages_dataset
 from shared.data import tokenized
 from shared.data.records import Records, read_records
-from shared.data.tokenized import TokenizationError, prepare_tokenized, tokenize_records
+from shared.data.tokenized import TokenizationError, TokenizedSamples, prepare_tokenized, tokenize_records
+from tests.shared.data.chat_records import OPENAI_CHAT
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,84 @@ def test_messages_need_a_chat_template(tiny_model_template: Path) -> None:
     records = Records(format="messages", rows=[{"messages": [{"role": "assistant", "content": "x"}]}], where=["line 1"])
     with pytest.raises(TokenizationError, match="no chat template"):
         tokenize_records(records, plain, max_seq_length=64)
+
+
+# The ChatML template before tool support: it names neither tools nor tool_calls.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tokenize_chat(tokenizer: Any, *rows: dict[str, Any]) -> TokenizedSamples:
+    where = [f"line {i}" for i in range(1, len(rows) + 1)]
+    samples, _ = tokenize_records(
+        Records(format="messages", rows=list(rows), where=where), tokenizer, max_seq_length=512
+    )
+    return samples
+
+
+def test_tool_calls_are_rendered_by_the_template_and_trained_on(tokenizer: Any) -> None:
+    ids, targets = tokenize_chat(tokenizer, OPENAI_CHAT).sample(0)
+    # The call's arguments reach the template as an object (written once as JSON, not a quoted
+    # string); the call is trained on, and so is the answer after the tool's result.
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call><|im_end|>\n'
+    assert targets_text(tokenizer, ids, targets) == call + "3 degrees.<|im_end|>\n"
+    untrained = tokenizer.decode(ids[targets == 0])
+    assert untrained.startswith('<|im_start|>system\n<tools>{"type": "function", "function": {"name": "get_weather"')
+    assert "<|im_start|>system\nUse the tools.<|im_end|>" in untrained  # developer, rendered as system
+    assert '<|im_start|>tool\n<tool_response id=call_1>{"celsius": 3}</tool_response>' in untrained
+
+
+def test_a_weight_0_turn_is_not_trained_on_and_a_later_turn_is(tokenizer: Any) -> None:
+    ids, targets = tokenize_chat(tokenizer, OPENAI_CHAT).sample(0)
+    text = tokenizer.decode(ids)
+    unweighted = tokenizer.encode("Let me think.", add_special_tokens=False)
+    start = next(i for i in range(len(ids)) if list(ids[i : i + len(unweighted)]) == unweighted)
+    assert "Let me think." in text and not targets[start : start + len(unweighted)].any()
+    answer = tokenizer.encode("3 degrees.", add_special_tokens=False)
+    start = next(i for i in range(len(ids)) if list(ids[i : i + len(answer)]) == answer)
+    assert targets[start : start + len(answer)].all()
+
+
+@pytest.fixture
+def plain(tiny_model_template: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_template)
+    tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_a_template_without_tool_support_refuses_tool_records_by_line(plain: Any) -> None:
+    conversation = {"messages": [*OPENAI_CHAT["messages"][2:4], {"role": "assistant", "content": "sunny."}]}
+    assert len(tokenize_chat(plain, conversation)) == 1  # weights and plain turns need no tool support
+    with pytest.raises(TokenizationError) as e:
+        tokenize_chat(plain, conversation, OPENAI_CHAT, OPENAI_CHAT)
+    assert str(e.value).startswith("line 2 has a tools list and tool calls, but the model's chat template")
+    assert "pick a model whose chat template supports tools, or drop the tool calls" in str(e.value)
+    calls_only = {"messages": OPENAI_CHAT["messages"]}
+    with pytest.raises(TokenizationError, match=r"^line 1 has tool calls, but"):
+        tokenize_chat(plain, calls_only)
+
+
+def test_a_template_that_refuses_a_conversation_names_the_record(plain: Any) -> None:
+    plain.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(TokenizationError, match=r"^line 2 cannot be rendered by the model's chat template \(no system"):
+        tokenize_chat(plain, {"messages": OPENAI_CHAT["messages"][2:4]}, {"messages": OPENAI_CHAT["messages"][:4]})
+
+
+def test_the_sample_chat_dataset_trains_with_tool_calls(tokenizer: Any, plain: Any, tmp_path: Path) -> None:
+    data = write_messages_dataset(tmp_path / "chat.jsonl", records=8)
+    assert sum("tools" in r for r in read_records(data).rows) == 2
+    samples, stats = prepare_tokenized(data, tokenizer, dataset_format=None, max_seq_length=512, cache_root=tmp_path)
+    assert stats.samples == 8 and '"arguments": {"city": ' in targets_text(tokenizer, *samples.sample(3))
+    # Named like a bad record: the file, then the line.
+    with pytest.raises(TokenizationError, match=r"^chat.jsonl: line 4 has a tools list and tool calls"):
+        prepare_tokenized(data, plain, dataset_format=None, max_seq_length=512, cache_root=tmp_path)
 
 
 def write_texts(path: Path, texts: list[str]) -> Path:
