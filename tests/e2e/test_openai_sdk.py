@@ -118,14 +118,6 @@ def test_an_unknown_key_is_an_authentication_error(service: Tuneq) -> None:
     assert e.value.code == "invalid_api_key"
 
 
-# What the tiny model's chat template renders: a system message and one exchange.
-PLAIN_CHAT = {
-    "messages": [
-        {"role": "system", "content": "You are a terse weather bot."},
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": "3 degrees, cold."},
-    ]
-}
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -146,9 +138,8 @@ def follow(client: OpenAI, job_id: str, *, timeout: float = 300) -> list[str]:
 def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     alice: OpenAI, bob: OpenAI, service: Tuneq, tmp_path: Path
 ) -> None:
-    path = tmp_path / "plain.jsonl"
-    path.write_text("".join(json.dumps(PLAIN_CHAT) + "\n" for _ in range(8)))
-    with path.open("rb") as f:
+    # A system message, a tool call and its result, a weight-0 turn: trained as OpenAI would.
+    with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
         file = alice.files.create(file=f, purpose="fine-tune")
     model = str(service.home / "data" / "tiny-gpt-neo")
     job = alice.fine_tuning.jobs.create(
