@@ -21,6 +21,7 @@ from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
 from api.v1 import files as v1_files
 from api.v1 import fine_tuning as v1_fine_tuning
+from api.v1 import models as v1_models
 from api.v1.errors import install_error_handlers
 from shared.db.engine import init_db, is_transient_database_error
 from shared.deepspeed.config import known_top_level_keys
@@ -71,7 +72,9 @@ async def _database_unavailable(request: Request, error: Exception) -> Response:
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(DBAPIError, _database_unavailable)
-    install_error_handlers(app, openai_routers=[v1_files.router, v1_fine_tuning.router])  # OpenAI's envelope on /v1
+    install_error_handlers(
+        app, openai_routers=[v1_files.router, v1_fine_tuning.router, v1_models.router]
+    )  # OpenAI's envelope on /v1
     # TUNEQ_MAX_REQUEST_BYTES (TUNEQ_MAX_UPLOAD_BYTES for a file upload), before any route reads the body.
     app.add_middleware(BodySizeLimit, upload_paths=frozenset({v1_files.UPLOAD_PATH}))
     # Per app, not the process-global registry: tests build many apps in one process.
@@ -86,6 +89,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(v1_files.router)
     app.include_router(v1_fine_tuning.router)
+    app.include_router(v1_models.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)  # the web UI at /, outside the OpenAPI schema
     return app

@@ -22,6 +22,10 @@ class Settings(BaseSettings):
     allowed_roots: str = Field(
         default="", description="os.pathsep-separated directories local models and datasets may come from."
     )
+    # Comma-separated models (hub ids, local directories) this deployment offers: GET /v1/models
+    # lists them and jobs may train only them. Empty: any model, and /v1/models lists the model
+    # directories directly under the allowed roots.
+    base_models: str = ""
     # How long a worker may go unseen before the API stops counting it when it decides what
     # hardware the deployment has (fp16 needs CUDA).
     worker_seen_seconds: int = 120
@@ -161,6 +165,10 @@ class Settings(BaseSettings):
     @property
     def device_memory_bytes(self) -> int:
         return int(self.device_memory_gib * 2**30)
+
+    @property
+    def base_model_list(self) -> list[str]:
+        return [m.strip() for m in self.base_models.split(",") if m.strip()]
 
     @property
     def allowed_root_paths(self) -> list[Path]:

@@ -202,3 +202,25 @@ class FineTuningJobCheckpointListPublic(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+# ---- models ------------------------------------------------------------------------------
+
+
+class ModelPublic(BaseModel):
+    """OpenAI's ``model`` (the SDK's ``openai.types.Model``): a base model the deployment offers,
+    or a model one of the caller's jobs fine-tuned."""
+
+    model_config = _ANSWER
+
+    id: str  # what a job's ``model`` names; a fine-tuned one's ``fine_tuned_model``
+    object: Literal["model"] = "model"
+    created: int  # Unix seconds: when it was saved (a local base model), or its job finished
+    owned_by: str  # "system" for a base model, the owner for a fine-tuned one
+
+
+class ModelListPublic(BaseModel):
+    model_config = _ANSWER
+
+    object: Literal["list"] = "list"
+    data: list[ModelPublic]

@@ -278,7 +278,7 @@ def create_fine_tuning_job(
 # ---- the job as OpenAI shows it ------------------------------------------------------------
 
 
-def _unix(value: datetime | None) -> int | None:
+def unix_seconds(value: datetime | None) -> int | None:
     if value is None:
         return None
     return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
@@ -330,7 +330,7 @@ def fine_tuning_job_public(job: Job) -> FineTuningJobPublic:
     succeeded = job.status == JobStatus.succeeded
     estimated_finish = None
     if job.status == JobStatus.running and job.eta_seconds is not None:
-        estimated_finish = _unix(datetime.now(UTC) + timedelta(seconds=job.eta_seconds))
+        estimated_finish = unix_seconds(datetime.now(UTC) + timedelta(seconds=job.eta_seconds))
     error = None
     if job.status == JobStatus.failed:
         error = FineTuningJobError(
@@ -339,8 +339,8 @@ def fine_tuning_job_public(job: Job) -> FineTuningJobPublic:
     fine_tuning = job.fine_tuning or {}
     return FineTuningJobPublic(
         id=public_job_id(job.id),
-        created_at=_unix(job.created_at) or 0,
-        finished_at=_unix(job.finished_at),
+        created_at=unix_seconds(job.created_at) or 0,
+        finished_at=unix_seconds(job.finished_at),
         model=job.model,
         fine_tuned_model=fine_tuned_model_name(job) if succeeded else None,
         organization_id=job.owner,
@@ -426,7 +426,7 @@ def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
         message, level = str(data.get("message", "")), "warn"
     return FineTuningJobEventPublic(
         id=f"{EVENT_ID_PREFIX}{event.id}",
-        created_at=_unix(event.created_at) or 0,
+        created_at=unix_seconds(event.created_at) or 0,
         level=level,
         message=message,
         type=kind,
@@ -482,7 +482,7 @@ def list_fine_tuning_checkpoints(
         data.append(
             FineTuningJobCheckpointPublic(
                 id=f"{CHECKPOINT_ID_PREFIX}{checkpoint.id}",
-                created_at=_unix(checkpoint.created_at) or 0,
+                created_at=unix_seconds(checkpoint.created_at) or 0,
                 fine_tuning_job_id=public_job_id(job.id),
                 fine_tuned_model_checkpoint=f"{name}:ckpt-step-{checkpoint.step}",
                 step_number=checkpoint.step,

@@ -60,6 +60,12 @@ def resolve_in_allowed_roots(value: str, settings: Settings, *, what: str) -> Pa
 
 
 def check_model(value: str, settings: Settings) -> None:
+    offered = settings.base_model_list
+    if offered and value not in offered:
+        raise ValueError(
+            f"'{value}' is not a model this deployment offers: use one of {', '.join(offered)} "
+            "(GET /v1/models lists them; TUNEQ_BASE_MODELS)"
+        )
     if not is_local_reference(value):
         if not HUB_ID.match(value):
             raise ValueError(

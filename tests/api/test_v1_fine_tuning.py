@@ -309,3 +309,37 @@ def test_the_native_api_takes_an_uploaded_file_as_its_dataset(client: TestClient
     text_format = client.post("/jobs", json=body | {"dataset": file_id, "training": {"dataset_format": "text"}})
     assert text_format.status_code == 422
     assert text_format.json()["detail"][0]["loc"] == ["body", "training", "dataset_format"]
+
+
+def test_models_lists_the_offered_base_models_and_the_caller_s_fine_tuned_ones(
+    client: TestClient, model_dir: Path
+) -> None:
+    listed = client.get("/v1/models").json()
+    base = {"id": str(model_dir), "object": "model", "created": listed["data"][0]["created"], "owned_by": "system"}
+    assert listed == {"object": "list", "data": [base]}  # the model directories under the allowed root
+    assert client.get(f"/v1/models/{model_dir}").json() == base  # an id with slashes
+    job = create(client, model=str(model_dir), training_file=upload(client), suffix="x").json()
+    with Session(get_engine()) as session:
+        row = session.get(Job, uuid.UUID(job["id"].removeprefix("ftjob-")))
+        assert row is not None
+        row.status, row.finished_at = JobStatus.succeeded, utcnow()
+        session.add(row)
+        session.commit()
+    name = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"]
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [str(model_dir), name]
+    assert client.get(f"/v1/models/{name}").json()["owned_by"] == "local"
+    assert error_of(client.get("/v1/models/gpt-4o-mini"), 404)["param"] == "model"
+
+
+def test_with_base_models_set_only_those_are_listed_and_trained(
+    client: TestClient, model_dir: Path, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import clear_caches
+
+    monkeypatch.setenv("TUNEQ_BASE_MODELS", "EleutherAI/gpt-neo-125m, org/other")
+    clear_caches()
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["EleutherAI/gpt-neo-125m", "org/other"]
+    refused = error_of(create(client, model=str(model_dir), training_file=upload(client)), 400)
+    assert refused["param"] == "model" and "EleutherAI/gpt-neo-125m, org/other" in refused["message"]
+    native = client.post("/jobs", json=body)
+    assert native.status_code == 422 and native.json()["detail"][0]["loc"] == ["body", "model"]

@@ -183,6 +183,11 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     assert paged[:2] == [second.id, job.id]
     assert [j.id for j in alice.fine_tuning.jobs.list(metadata={"team": "forecast"})] == [job.id]
 
+    # The fine-tuned model beside the base model the deployment offers; bob sees neither job's.
+    assert [m.id for m in alice.models.list()] == [model, done.fine_tuned_model]
+    assert alice.models.retrieve(done.fine_tuned_model).owned_by == "alice"
+    with pytest.raises(openai.NotFoundError):
+        bob.models.retrieve(done.fine_tuned_model)
     with pytest.raises(openai.NotFoundError):
         bob.fine_tuning.jobs.retrieve(job.id)
     with pytest.raises(openai.NotFoundError):

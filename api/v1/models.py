@@ -1,0 +1,37 @@
+"""OpenAI's models at ``/v1/models``: thin routes over ``api.v1.models_service``.
+
+What the SDK's ``client.models`` calls: ``list`` and ``retrieve``. A model id may hold slashes
+(a hub id, a local directory), so ``retrieve`` takes the rest of the path.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.auth import OwnerDep
+from api.deps import ReadSessionDep, SettingsDep
+from api.v1 import models_service
+from api.v1.errors import PREFIX, OpenAIHTTPException, error
+from api.v1.fine_tuning_objects import ModelListPublic, ModelPublic
+
+router = APIRouter(
+    prefix=f"{PREFIX}/models",
+    tags=["models (OpenAI-compatible)"],
+    responses={"4XX": error("In OpenAI's envelope: 401 no key or a bad one, 404 no such model")},
+)
+
+
+@router.get("", response_model=ModelListPublic)
+def list_models(session: ReadSessionDep, settings: SettingsDep, owner: OwnerDep) -> ModelListPublic:
+    """The base models this deployment offers, then the caller's fine-tuned models, newest first."""
+    return models_service.list_models(session=session, settings=settings, owner=owner)
+
+
+@router.get("/{model:path}", response_model=ModelPublic, responses={404: error("No such model (or another owner's)")})
+def retrieve_model(model: str, session: ReadSessionDep, settings: SettingsDep, owner: OwnerDep) -> ModelPublic:
+    found = models_service.get_model(session=session, settings=settings, owner=owner, model=model)
+    if found is None:
+        raise OpenAIHTTPException(
+            404, f"The model {model!r} does not exist or you do not have access to it", param="model"
+        )
+    return found
