@@ -110,6 +110,8 @@ def test_every_operation_answers_as_its_schema_says(
 ) -> None:
     if existing and case.path_parameters and _is_uuid(case.path_parameters.get("job_id")):
         case.path_parameters["job_id"] = seeded_job  # a malformed id (a negative case) stays as generated
+    if existing and case.path_parameters and "fine_tuning_job_id" in case.path_parameters:
+        case.path_parameters["fine_tuning_job_id"] = "ftjob-" + uuid.UUID(seeded_job).hex  # the same job on /v1
     case.call_and_validate(
         session=app_client, base_url=app_client.base_url, excluded_checks=_excluded_checks(case, keys_required=False)
     )
@@ -136,6 +138,12 @@ def test_the_fuzzed_schema_is_the_served_one_with_the_job_operations(tuneq_home:
     served = TestClient(create_app()).get("/openapi.json").json()
     assert served == create_app().openapi()
     assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/logs"} <= set(served["paths"])
+    assert {
+        "/v1/files",
+        "/v1/fine_tuning/jobs",
+        "/v1/fine_tuning/jobs/{fine_tuning_job_id}/events",
+        "/v1/models",
+    } <= set(served["paths"])
     assert "/jobs/{job_id}/events/stream" in served["paths"]
 
 
