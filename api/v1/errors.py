@@ -113,8 +113,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     first = exc.errors()[0]
     loc = [str(part) for part in first.get("loc", ())]
     place = _PLACES.get(loc[0], loc[0]) if loc else "request"
-    param = loc[1] if len(loc) > 1 else None
-    message = f"{place} {'.'.join(loc[1:])}: {first.get('msg', 'is not valid')}" if param else first.get("msg", "")
+    # The parameter's path as OpenAI names one: "method.supervised.hyperparameters.n_epochs".
+    param = ".".join(loc[1:]) or None
+    message = f"{place} {param}: {first.get('msg', 'is not valid')}" if param else first.get("msg", "")
     return JSONResponse(envelope(400, message, param=param), status_code=400)
 
 

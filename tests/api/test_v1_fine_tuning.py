@@ -343,3 +343,10 @@ def test_with_base_models_set_only_those_are_listed_and_trained(
     assert refused["param"] == "model" and "EleutherAI/gpt-neo-125m, org/other" in refused["message"]
     native = client.post("/jobs", json=body)
     assert native.status_code == 422 and native.json()["detail"][0]["loc"] == ["body", "model"]
+
+
+def test_a_nested_parameter_is_named_by_its_path(client: TestClient, model_dir: Path) -> None:
+    hyperparameters = {"n_epochs": "many"}
+    body = {"method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}}}
+    refused = error_of(create(client, model=str(model_dir), training_file="file-x", **body), 400)
+    assert refused["param"].startswith("method.supervised.hyperparameters.n_epochs"), refused
