@@ -8,9 +8,10 @@ rows (``jobs``, ``job_events``, ``checkpoints``); ``api.v1.fine_tuning_service``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, WithJsonSchema
 
 Auto = Literal["auto"]
 # OpenAI's bounds for metadata: at most 16 pairs, keys of 64 characters, values of 512.
@@ -27,14 +28,35 @@ _REQUEST = ConfigDict(extra="forbid", allow_inf_nan=False)
 # ---- the request -------------------------------------------------------------------------
 
 
+def _auto_or(kind: type[int] | type[float]) -> Callable[[object], object]:
+    """A validator of ``"auto"`` or a number of ``kind`` (an int for a float too, never a bool or
+    a numeric string), refusing as one problem at the field: a plain union reports each member."""
+    name = "an integer" if kind is int else "a number"
+
+    def validate(value: object) -> object:
+        if value == "auto" or (isinstance(value, (int, kind)) and not isinstance(value, bool)):
+            return value
+        raise ValueError(f"must be 'auto' or {name}")
+
+    return validate
+
+
+AutoOrInt = Annotated[
+    Auto | int, PlainValidator(_auto_or(int)), WithJsonSchema({"anyOf": [{"const": "auto"}, {"type": "integer"}]})
+]
+AutoOrFloat = Annotated[
+    Auto | float, PlainValidator(_auto_or(float)), WithJsonSchema({"anyOf": [{"const": "auto"}, {"type": "number"}]})
+]
+
+
 class SupervisedHyperparameters(BaseModel):
     """Each a number or ``"auto"`` (resolved from the training file, as OpenAI documents)."""
 
     model_config = _REQUEST
 
-    n_epochs: Auto | StrictInt = Field(default="auto", description="Passes over the training file (1-50).")
-    batch_size: Auto | StrictInt = Field(default="auto", description="Examples in each optimizer step (1-256).")
-    learning_rate_multiplier: Auto | StrictInt | StrictFloat = Field(
+    n_epochs: AutoOrInt = Field(default="auto", description="Passes over the training file (1-50).")
+    batch_size: AutoOrInt = Field(default="auto", description="Examples in each optimizer step (1-256).")
+    learning_rate_multiplier: AutoOrFloat = Field(
         default="auto", description="Scales the learning rate the base model was pretrained with (0 to 10)."
     )
 

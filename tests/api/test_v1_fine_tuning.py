@@ -349,4 +349,5 @@ def test_a_nested_parameter_is_named_by_its_path(client: TestClient, model_dir: 
     hyperparameters = {"n_epochs": "many"}
     body = {"method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}}}
     refused = error_of(create(client, model=str(model_dir), training_file="file-x", **body), 400)
-    assert refused["param"].startswith("method.supervised.hyperparameters.n_epochs"), refused
+    assert refused["param"] == "method.supervised.hyperparameters.n_epochs", refused
+    assert refused["message"].endswith("must be 'auto' or an integer")
