@@ -17,7 +17,17 @@ from api.v1.files_service import get_file
 from shared.data.uploaded_files import is_file_id
 from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
-from shared.db.lifecycle import live_since, live_worker, mark_published, record_event, request_cancel, route_job
+from shared.db.lifecycle import (
+    ACTIVE,
+    live_since,
+    live_worker,
+    mark_published,
+    record_event,
+    request_cancel,
+    request_pause,
+    request_resume,
+    route_job,
+)
 from shared.db.models import (
     Checkpoint,
     CheckpointKind,
@@ -138,18 +148,21 @@ def reference_problems(*, session: Session, job_in: JobCreate, owner: str) -> li
 
 
 class ActiveJobLimitError(Exception):
-    """The owner already has as many queued, running and cancelling jobs as allowed."""
+    """The owner already has as many queued and running (or cancelling, pausing) jobs as allowed."""
 
     def __init__(self, *, owner: str, active: int, limit: int) -> None:
         super().__init__(
-            f"owner '{owner}' has {active} active jobs (queued, running or cancelling) and may have at most "
-            f"{limit} (TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER): wait for one to end, or cancel one"
+            f"owner '{owner}' has {active} active jobs (queued, running, pausing or cancelling) and may have at "
+            f"most {limit} (TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER): wait for one to end, or cancel or pause one"
         )
         self.active = active
         self.limit = limit
 
 
-ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+# What counts against TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER: jobs waiting for a worker or holding one.
+# A paused job holds neither (no worker, no place in a queue), so it does not count; resuming
+# it makes it queued again, and is refused past the limit like a submit.
+ACTIVE_STATUSES = (JobStatus.queued, *ACTIVE)
 
 
 def active_job_count(*, session: Session, owner: str) -> int:
@@ -158,7 +171,7 @@ def active_job_count(*, session: Session, owner: str) -> int:
 
 
 def _serialize_owner_submits(session: Session, owner: str) -> None:
-    """Make one owner's concurrent submits count active jobs one after another.
+    """Make one owner's concurrent submits (and resumes) count active jobs one after another.
 
     Otherwise two submits at the limit both count N-1 and both insert. On Postgres a
     transaction-scoped advisory lock per owner (released at commit or rollback) orders them.
@@ -234,27 +247,59 @@ def create_job(
             return existing, False
         raise
     session.refresh(job)
+    publish_job(session=session, settings=settings, job=job)
+    return job, True
+
+
+def publish_job(*, session: Session, settings: Settings, job: Job) -> None:
+    """Hand a queued job to the workers: a one-node job's id to the queue of the smallest live
+    worker size that fits it, a gang placed on enough idle workers. Nothing here is needed for
+    the job to run eventually: a job no worker can take yet, or that the broker did not take,
+    stays queued and a reconciler publishes it (or places it) later."""
     if job.num_nodes > 1:
         # A gang is placed, not published: on enough idle workers now, or by a later pass.
         place_and_start(session=session, settings=settings)
-        return job, True
+        return
     queue = route_job(session=session, settings=settings, num_gpus=job.num_gpus)
     if queue is None:
         # No worker has been seen yet (a fresh deployment): the first one's reconciler publishes it.
         logger.info("job %s: no live worker yet; it is published when one starts", job.id)
-        return job, True
+        return
     try:
         enqueue_job(job.id, queue=queue)
         mark_published(session=session, job_id=job.id, queue=queue)
     except Exception as e:
         # The row is the source of truth: the reconciler publishes it once the broker is back.
         logger.warning("could not publish job %s (broker: %s); it stays queued until the broker is back", job.id, e)
-    return job, True
 
 
 def cancel_job(*, session: Session, job_id: uuid.UUID) -> Job:
     """Raises JobFinishedError for a job that already succeeded or failed."""
     return request_cancel(session=session, job_id=job_id)
+
+
+def pause_job(*, session: Session, job_id: uuid.UUID) -> Job:
+    """Pause a job: a running one goes through ``pausing`` (its ranks checkpoint at their next
+    step and exit, freeing the worker), a queued one is paused at once; pausing a paused job
+    changes nothing. Raises JobStateError (JobFinishedError for a job that ended) otherwise."""
+    return request_pause(session=session, job_id=job_id)
+
+
+def resume_job(*, session: Session, job_id: uuid.UUID, settings: Settings) -> Job:
+    """Queue a paused job again, published as a submit is; its next attempt continues from its
+    newest checkpoint (the pause's). Raises JobStateError for a job that is not paused, and
+    ActiveJobLimitError when its owner already has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs
+    (a paused job does not count; a resumed one does)."""
+    job = session.get(Job, job_id)
+    assert job is not None
+    limit = settings.max_active_jobs_per_owner
+    if limit and job.status == JobStatus.paused:
+        _serialize_owner_submits(session, job.owner)
+        if (active := active_job_count(session=session, owner=job.owner)) >= limit:
+            raise ActiveJobLimitError(owner=job.owner, active=active, limit=limit)
+    resumed = request_resume(session=session, job_id=job_id)
+    publish_job(session=session, settings=settings, job=resumed)
+    return resumed
 
 
 def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) -> list[JobEvent]:

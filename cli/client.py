@@ -1,4 +1,5 @@
-"""The ``tuneq`` command-line client: ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``download``.
+"""The ``tuneq`` command-line client: ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``pause``,
+``resume``, ``download``.
 
 A thin layer over the HTTP API (README, "The HTTP API"). ``TUNEQ_URL`` (default
 ``http://127.0.0.1:8000``) names the server and ``TUNEQ_API_KEY``, when set, is sent as
@@ -261,6 +262,12 @@ class TuneqClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/jobs/{job_id}/cancel")
 
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/jobs/{job_id}/pause")
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/jobs/{job_id}/resume")
+
     def metrics(self, job_id: str, *, points: int | None = None) -> list[dict[str, Any]]:
         """The job's per-step metrics in step order, fetched a page at a time; with ``points``,
         at most that many rows spread evenly over the run (for a chart of a long run)."""
@@ -520,6 +527,10 @@ class FollowState:
                 self.error = data["error"]
             if self.status == "running" and data.get("attempt"):
                 return f"running (attempt {data['attempt']})"
+            if self.status == "paused":
+                if data.get("step") is not None:
+                    self.step = int(data["step"])
+                return f"paused at step {self.step} (`tuneq resume {self.job_id}` continues it)"
             return None if self.status in TERMINAL_STATUSES else self.status
         if event.type == "plan":
             if data.get("total_steps") is not None:
@@ -866,6 +877,8 @@ STATUS_STYLE = {
     "queued": "cyan",
     "running": "blue",
     "cancelling": "yellow",
+    "pausing": "magenta",
+    "paused": "magenta",
     "succeeded": "green",
     "failed": "red",
     "cancelled": "yellow",
@@ -1028,7 +1041,9 @@ def _follow_and_exit(client: TuneqClient, job: dict[str, Any], *, as_json: bool)
 def jobs(
     status: Annotated[
         str | None,
-        typer.Option(help="Only jobs in this status: queued, running, cancelling, succeeded, failed, cancelled."),
+        typer.Option(
+            help="Only jobs in this status: queued, running, cancelling, pausing, paused, succeeded, failed, cancelled."
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many, newest first.")] = 50,
     skip: Annotated[int, typer.Option(min=0, help="Skip this many of the newest.")] = 0,
@@ -1116,7 +1131,7 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
         ("loss", format_loss(latest.get("loss"))),
         ("tokens/s", format_rate(latest.get("tokens_per_second"))),
         ("eta", format_duration(job.get("eta_seconds")) if job.get("eta_seconds") is not None else "-"),
-        ("attempts", f"{job.get('attempts', 0)} (max restarts {job.get('max_restarts')})"),
+        ("attempts", attempts_text(job)),
     ]
     # The nodes of the current attempt (none for a one-node job).
     rows += [(f"node {n['node_rank']}", node_line(n)) for n in job.get("nodes") or []]
@@ -1126,6 +1141,13 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
     for c in checkpoints or []:
         rows.append(("checkpoint", f"{c['kind']} step {c['step']} ({int(c['bytes']) / 1e6:.1f} MB) {c['uri']}"))
     return rows
+
+
+def attempts_text(job: dict[str, Any]) -> str:
+    """Attempts, the paused ones among them (they are not restarts), and the restarts allowed."""
+    pauses = int(job.get("pauses") or 0)  # a server without pause sends none
+    paused = f", {pauses} paused" if pauses else ""
+    return f"{job.get('attempts', 0)}{paused} (max restarts {job.get('max_restarts')})"
 
 
 def show(
@@ -1178,20 +1200,36 @@ def logs(
             raise _fail(e) from None
 
 
-def cancel(
-    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
-    as_json: JsonOption = False,
-) -> None:
-    """Cancel a job: a queued one at once, a running one through `cancelling` (POST /jobs/{id}/cancel)."""
+def _change_job(job_id: str, as_json: bool, ask: Callable[[TuneqClient, str], dict[str, Any]]) -> None:
+    """One request that changes a job (cancel, pause, resume); prints the job's new status."""
     with _client() as client:
         try:
-            job = client.cancel(job_id)
+            job = ask(client, job_id)
         except ClientError as e:
             raise _fail(e) from None
     if as_json:
         _print_json(job)
     else:
         typer.echo(f"job {job['id']}: {job['status']}")
+
+
+JobIdArgument = Annotated[str, typer.Argument(metavar="ID", help="The job's id.")]
+
+
+def cancel(job_id: JobIdArgument, as_json: JsonOption = False) -> None:
+    """Cancel a job: a queued or paused one at once, a running one through `cancelling` (POST /jobs/{id}/cancel)."""
+    _change_job(job_id, as_json, TuneqClient.cancel)
+
+
+def pause(job_id: JobIdArgument, as_json: JsonOption = False) -> None:
+    """Pause a job: a running one through `pausing` (its ranks save a checkpoint at their next step and
+    exit, freeing the worker), a queued one at once (POST /jobs/{id}/pause)."""
+    _change_job(job_id, as_json, TuneqClient.pause)
+
+
+def resume(job_id: JobIdArgument, as_json: JsonOption = False) -> None:
+    """Resume a paused job: queued again, it continues from its pause checkpoint (POST /jobs/{id}/resume)."""
+    _change_job(job_id, as_json, TuneqClient.resume)
 
 
 def download(
@@ -1292,5 +1330,5 @@ def _size(n: int) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the ``tuneq`` app."""
-    for command in (submit, jobs, show, logs, cancel, download):
+    for command in (submit, jobs, show, logs, cancel, pause, resume, download):
         app.command()(command)

@@ -1,5 +1,6 @@
 """The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``migrate``, ``demo``,
-and the HTTP client's ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``download`` (``cli.client``).
+and the HTTP client's ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``pause``, ``resume``,
+``download`` (``cli.client``).
 
 ``cli`` may import ``api`` and ``worker`` (nothing imports ``cli``); it does so inside the
 commands that need them, so ``tuneq submit`` starts without loading the server or the worker.

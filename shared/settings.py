@@ -65,7 +65,8 @@ class Settings(BaseSettings):
     # when the API listens on loopback), or "auto": `tuneq serve`/`dev` turn it off on a loopback
     # --host and on otherwise; an app served any other way requires keys.
     auth: Literal["auto", "on", "off"] = "auto"
-    # Queued, running and cancelling jobs one owner may have at once (0: no limit); past it 429.
+    # Queued, running, pausing and cancelling jobs one owner may have at once (0: no limit); past it a
+    # submit or a resume is 429. Paused jobs do not count.
     max_active_jobs_per_owner: int = Field(default=8, ge=0)
     # The largest request body the API reads; past it 413, before the body is parsed.
     max_request_bytes: int = Field(default=1024**2, ge=1)

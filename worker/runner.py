@@ -1,7 +1,8 @@
 """Running one job attempt: claim it, launch the ranks, watch them, record the outcome.
 
 While the ranks run, the worker ingests their events, renews the job's lease, and watches
-the job row for a cancel; it ends the attempt on a cancel, a timeout, or a lost lease.
+the job row for a cancel or a pause; it ends the attempt on a cancel, a timeout, or a lost
+lease, and asks the ranks to checkpoint and leave on a pause.
 
 A node of a multi-node job (``run_node``) is the same attempt seen from one of its workers:
 it claims its node instead of the job, renews its node's lease beside node 0's job lease,
@@ -27,11 +28,12 @@ from typing import Any
 from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
 from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import is_transient_database_error, session_scope
-from shared.db.gangs import claim_node, finish_node, release_attempt, renew_node_lease
+from shared.db.gangs import claim_node, finish_node, open_nodes, release_attempt, renew_node_lease
 from shared.db.lifecycle import (
     ACTIVE,
     claim_job,
     finish_job,
+    finish_pause,
     job_status,
     mark_unpublished,
     record_event,
@@ -178,19 +180,25 @@ def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -
 
 @dataclass(frozen=True)
 class Ending:
-    """How an attempt ends: its ranks exited, or the worker stopped them (cancel, timeout)."""
+    """How an attempt ends: its ranks exited (or paused), or the worker stopped them (cancel,
+    timeout)."""
 
     status: JobStatus  # queued: the host failed the attempt, and the job goes back to the queue
-    code: ErrorCode | None  # None: succeeded
+    code: ErrorCode | None  # None: succeeded, or paused
     message: str | None
+    paused_at: int | None = None  # paused: the step of the ranks' pause checkpoint (node 0's worker knows it)
+
+
+PAUSED = Ending(JobStatus.paused, None, None)  # another node of a gang: node 0's worker records the pause
 
 
 class AttemptEnded(Exception):
-    """The attempt lost its lease, or its job was cancelled, before its ranks started."""
+    """The attempt lost its lease (``status`` None), or its job was cancelled or paused, before
+    its ranks started."""
 
-    def __init__(self, *, cancelled: bool) -> None:
-        super().__init__("cancelled" if cancelled else "lost its lease")
-        self.cancelled = cancelled
+    def __init__(self, status: JobStatus | None) -> None:
+        super().__init__(status.value if status is not None else "lost its lease")
+        self.status = status
 
 
 class LeaseKeeper:
@@ -205,6 +213,11 @@ class LeaseKeeper:
         self.job_id, self.worker_id, self.attempt, self.node_rank = job_id, worker_id, attempt, node_rank
         self.ttl = settings.lease_ttl_seconds
         self.last_renewal = time.monotonic()
+
+    @property
+    def first_node(self) -> bool:
+        """Node 0 of a gang, or a one-node job: the worker that decides the job's outcome."""
+        return not self.node_rank
 
     def status(self, session: Any) -> JobStatus | None:
         """The job's status; None once this attempt has lost the job."""
@@ -316,16 +329,17 @@ def take_over(
 
 
 def _keep_alive(lease: LeaseKeeper) -> None:
-    """Renew the lease (or read the status); AttemptEnded once lost or cancelled."""
+    """Renew the lease (or read the status); AttemptEnded once lost or cancelled, or paused
+    (decided by node 0's worker: the other nodes of a gang see it as a lost job once it is)."""
     with session_scope() as session:
         status = lease.status(session)
-    if status is None or status == JobStatus.cancelling:
-        raise AttemptEnded(cancelled=status is not None)
+    if status is None or status == JobStatus.cancelling or (status == JobStatus.pausing and lease.first_node):
+        raise AttemptEnded(status)
 
 
 def fetch_inputs(job: Job, *, settings: Settings, lease: LeaseKeeper) -> dict[str, str | None]:
     """Local paths for the job's datasets, downloading remote ones while keeping the lease
-    and recording progress events. Raises InputProblem, or AttemptEnded on a cancel."""
+    and recording progress events. Raises InputProblem, or AttemptEnded on a cancel or pause."""
 
     def report(progress: DownloadProgress) -> None:
         with session_scope() as session:
@@ -370,7 +384,7 @@ def prepare_attempt(
         stale.unlink()  # a lost attempt's errors say nothing about this one
     layout.remove_incomplete_saves()  # what a lost attempt's ranks were writing when they died
     store = ArtifactStore.from_settings(settings)
-    # Fetching and converting may take long: the lease is kept, and a cancel ends the attempt.
+    # Fetching and converting may take long: the lease is kept, and a cancel or pause ends the attempt.
     keep_alive = (lambda: _keep_alive(lease)) if lease is not None else (lambda: None)
     deadline = settings.artifact_upload_deadline_seconds
     resume = None
@@ -517,8 +531,10 @@ def _run_attempt(job: Job, *, settings: Settings, launcher: Launcher, worker_id:
             return
         except AttemptEnded as e:
             logger.info("job %s attempt %d %s while preparing its inputs", job.id, job.attempts, e)
-            if e.cancelled:
+            if e.status == JobStatus.cancelling:
                 _finish(job.id, JobStatus.cancelled, ErrorCode.cancelled, "cancelled while preparing its inputs")
+            elif e.status == JobStatus.pausing:
+                _pause(job.id, job.attempts, layout=layout, paused_at=None)
             return
         except ConversionFailed as e:
             _finish(job.id, JobStatus.failed, ErrorCode.training_error, str(e))
@@ -638,6 +654,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         ranks = range(first_rank, first_rank + attempt.spec.num_gpus)
         log_start = layout.log.stat().st_size if layout.log.exists() else 0  # where this attempt's lines begin
         ending: Ending | None = None
+        pause_requested = False
         # One session per poll: a pooled connection a database restart killed is replaced at
         # the next checkout (pool_pre_ping) instead of failing every poll after it.
         while ending is None and process.poll() is None:
@@ -662,6 +679,15 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 logger.info("job %s: %s; stopping its ranks", job_id, ending.message)
                 process.stop(grace_seconds=settings.cancel_grace_seconds)
                 break
+            if status == JobStatus.pausing and attempt.first_node and not pause_requested:
+                # Node 0 decides; the ranks agree on it after their next step (on every node),
+                # save a checkpoint there and exit 0. The loop goes on meanwhile: uploads, the
+                # lease, stalls and a cancel are watched as ever.
+                request = layout.pause_request(attempt.number)
+                request.parent.mkdir(parents=True, exist_ok=True)
+                request.touch()
+                pause_requested = True
+                logger.info("job %s: pausing; its ranks save a checkpoint after their next step and exit", job_id)
             if publisher.gave_up:  # the ranks would wait for it at their next save forever
                 ending = _publishing_failed(attempt, publisher, settings)
                 process.stop(grace_seconds=STOP_GRACE_SECONDS)
@@ -685,12 +711,8 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 break
             time.sleep(POLL_SECONDS)
         if ending is None:
-            if process.returncode == 0 and _cancel_requested(job_id):
-                # The ranks agreed on a stop after a step: another node's worker (of a
-                # multi-node job) saw the cancel first and signalled its own ranks.
-                ending = Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
-            elif process.returncode == 0:
-                ending = Ending(JobStatus.succeeded, None, None)
+            if process.returncode == 0:
+                ending = _clean_exit(attempt)
             else:
                 killed = killed_rank(read_from(layout.log, log_start), killed_by_tuneq=process.killed_pids)
                 code, message = failure_from_ranks(layout, killed=killed)
@@ -768,18 +790,24 @@ def _record_outcome(
             node_rank=attempt.placement.node_rank,
         )
     log = attempt.layout.log if attempt.first_node else None  # the job's log is node 0's
-    if publisher.finish(log=log, while_waiting=lease.hold) is not None and ending.status == JobStatus.succeeded:
+    ranks_done = ending.status in (JobStatus.succeeded, JobStatus.paused)
+    if publisher.finish(log=log, while_waiting=lease.hold) is not None and ranks_done:
         ending = _publishing_failed(attempt, publisher, settings)
     if attempt.node is not None and (gang_failed or not attempt.first_node):
         # Any node's ranks fail when another's do, so who failed first is not known here: a
         # node that knows its host failed has ended the gang above; node 0 waits a moment for
         # that, another node longer (node 0's ranks fail too and its worker decides).
-        if ending.status != JobStatus.succeeded:
+        if ending.status not in (JobStatus.succeeded, JobStatus.paused):
             wait = GANG_DECISION_SECONDS / (2 if attempt.first_node else 1)
             _end_gang_unless_decided(attempt, ending, lease=lease, wait_seconds=wait)
         return
+    if ending.status == JobStatus.paused and attempt.node is not None:
+        _wait_for_other_nodes(attempt, lease=lease)  # their shares complete the pause checkpoint
     while True:
         try:
+            if ending.status == JobStatus.paused:
+                _pause(attempt.job_id, attempt.number, layout=attempt.layout, paused_at=ending.paused_at)
+                return
             if ending.status == JobStatus.queued:
                 _release(
                     attempt.job_id,
@@ -808,13 +836,69 @@ def _record_outcome(
         return
 
 
-def _cancel_requested(job_id: uuid.UUID) -> bool:
+def _clean_exit(attempt: Attempt) -> Ending:
+    """The ranks exited 0: they finished the job, or left after a step as asked."""
     try:
         with session_scope() as session:
-            return job_status(session=session, job_id=job_id) == JobStatus.cancelling
+            status = job_status(session=session, job_id=attempt.job_id)
     except Exception as e:  # the database is away: the outcome's own retries deal with it
-        logger.warning("job %s: could not read its status (%s)", job_id, e)
-        return False
+        logger.warning("job %s: could not read its status (%s)", attempt.job_id, e)
+        status = None
+    if status == JobStatus.cancelling:
+        # The ranks agreed on a stop after a step: another node's worker (of a multi-node
+        # job) saw the cancel first and signalled its own ranks, or the cancel came as they paused.
+        return Ending(JobStatus.cancelled, ErrorCode.cancelled, "cancelled while running")
+    if (paused_at := attempt.layout.paused_at(attempt.number)) is not None:  # node 0's disk has it
+        return Ending(JobStatus.paused, None, None, paused_at=paused_at)
+    if status == JobStatus.pausing and not attempt.first_node:
+        return Ending(JobStatus.paused, None, None)  # node 0's worker records the pause
+    return Ending(JobStatus.succeeded, None, None)
+
+
+def _pause(job_id: uuid.UUID, number: int, *, layout: RunLayout, paused_at: int | None) -> None:
+    """The attempt ends in a pause (its ranks are gone, their checkpoint committed): the job
+    keeps its place, holds no worker, and resumes from its newest committed checkpoint, the
+    ranks' pause checkpoint (at ``paused_at``) when they got that far. A job cancelled in the
+    meantime is cancelled now."""
+    with session_scope() as session:
+        newest = newest_checkpoint(session=session, job_id=job_id)
+        step = newest.step if newest is not None else 0
+        if paused_at is not None and step != paused_at:
+            logger.warning(
+                "job %s: its ranks paused at step %d, but its newest committed checkpoint is step %d: "
+                "it resumes from there",
+                job_id,
+                paused_at,
+                step,
+            )
+        tag = layout.checkpoint_tag(step) if newest is not None else None
+        if finish_pause(session=session, job_id=job_id, attempt=number, step=step, checkpoint=tag):
+            logger.info("job %s paused at step %d; its worker is free", job_id, step)
+        elif job_status(session=session, job_id=job_id) == JobStatus.cancelling:
+            finish_job(
+                session=session,
+                job_id=job_id,
+                status=JobStatus.cancelled,
+                error_code=ErrorCode.cancelled,
+                error_message="cancelled while pausing",
+                attempt=number,
+            )
+
+
+def _wait_for_other_nodes(attempt: Attempt, *, lease: LeaseKeeper) -> None:
+    """Node 0 of a pausing gang, its own ranks gone and share uploaded: wait until every other
+    node has finished too (its share of the pause checkpoint uploaded, which commits it), or
+    the attempt ended some other way (a node lost: a reconciler released the gang). Node 0's
+    lease is held meanwhile."""
+    while True:
+        lease.hold()
+        with session_scope() as session:
+            job = session.get(Job, attempt.job_id)
+            if job is None or job.attempts != attempt.number or job.status != JobStatus.pausing:
+                return
+            if not [n for n in open_nodes(session=session, job_id=job.id, attempt=attempt.number) if n != 0]:
+                return
+        time.sleep(POLL_SECONDS)
 
 
 def _end_gang_unless_decided(attempt: Attempt, ending: Ending, *, lease: LeaseKeeper, wait_seconds: float) -> None:

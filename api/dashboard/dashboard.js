@@ -14,6 +14,8 @@ const KEY_STORAGE = "tuneq.apiKey";
 const REFRESH_MS = 2000; // job list, job row, checkpoints and log tail are polled at this pace
 const LOG_TAIL_LINES = 100;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+// Whom the Pause button pauses; a paused job's button resumes it instead.
+const PAUSABLE = new Set(["queued", "running"]);
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -293,6 +295,10 @@ async function showJob(jobId) {
     setStatus($("#job-status"), job.status);
     $("#job-progress").textContent = progress(job);
     $("#cancel-button").disabled = TERMINAL.has(job.status) || job.status === "cancelling";
+    const paused = job.status === "paused";
+    $("#pause-button").textContent = paused ? "Resume" : "Pause";
+    $("#pause-button").dataset.action = paused ? "resume" : "pause";
+    $("#pause-button").disabled = !paused && !PAUSABLE.has(job.status);
     $("#job-error").hidden = !job.error;
     $("#job-error").textContent = job.error ? `${job.error.code}: ${job.error.message}` : "";
     renderNodes(job.nodes || []); // a server without multi-node jobs sends no nodes
@@ -361,14 +367,16 @@ async function showJob(jobId) {
     }
   };
 
-  $("#cancel-button").onclick = async () => {
-    $("#cancel-button").disabled = true;
+  const changeJob = (button, action) => async () => {
+    button.disabled = true;
     try {
-      renderJob(await api(`/jobs/${jobId}/cancel`, { method: "POST" }));
+      renderJob(await api(`/jobs/${jobId}/${action()}`, { method: "POST" }));
     } catch (error) {
       report(error);
     }
   };
+  $("#cancel-button").onclick = changeJob($("#cancel-button"), () => "cancel");
+  $("#pause-button").onclick = changeJob($("#pause-button"), () => $("#pause-button").dataset.action);
 
   timer = setInterval(() => refresh().catch(report), REFRESH_MS);
   current = {

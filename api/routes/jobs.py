@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
@@ -19,7 +20,7 @@ from api.streams import HEARTBEAT_SECONDS, event_stream, follow_log
 from api.strict_json import StrictJSONRoute
 from shared.db.artifacts import get_artifact, list_artifacts
 from shared.db.engine import get_read_engine
-from shared.db.lifecycle import JobFinishedError
+from shared.db.lifecycle import JobStateError
 from shared.db.models import (
     ArtifactPublic,
     ArtifactsPublic,
@@ -139,16 +140,60 @@ async def get_job(job_id: uuid.UUID, request: Request, owner: OwnerDep) -> Respo
     return Response(answer.body, media_type="application/json")
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
-def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
-    """A queued job is cancelled at once; a running one goes through `cancelling`."""
+def _change_job(
+    request: Request, session: Session, job_id: uuid.UUID, owner: str, change: Callable[[], Job]
+) -> JobPublic:
+    """A request that changes the caller's job (cancel, pause, resume): 404 for another owner's
+    job, 409 for a job in a status it does not apply to, 429 for a resume past the owner's
+    active-job limit. This process's next GET of the job sees the change at once."""
     _job_or_404(session, job_id, owner)
     try:
-        job = jobs_service.cancel_job(session=session, job_id=job_id)
-    except JobFinishedError as e:
+        job = change()
+    except JobStateError as e:
         raise HTTPException(status_code=409, detail=str(e)) from None
-    request.app.state.job_cache.forget(job_id)  # this caller's next GET sees the cancel
+    except jobs_service.ActiveJobLimitError as e:
+        raise HTTPException(status_code=429, detail=str(e), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+    request.app.state.job_cache.forget(job_id)
     return jobs_service.job_public(session=session, job=job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
+def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
+    """A queued or paused job is cancelled at once; a running one goes through `cancelling`."""
+    return _change_job(request, session, job_id, owner, lambda: jobs_service.cancel_job(session=session, job_id=job_id))
+
+
+@router.post(
+    "/{job_id}/pause",
+    response_model=JobPublic,
+    responses={**NOT_FOUND, 409: error("The job already ended, or is being cancelled")},
+)
+def pause_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
+    """A running job goes through `pausing` (its ranks save a checkpoint at their next step and
+    exit, freeing the worker) to `paused`; a queued one is paused at once. Again: no change."""
+    return _change_job(request, session, job_id, owner, lambda: jobs_service.pause_job(session=session, job_id=job_id))
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=JobPublic,
+    responses={
+        **NOT_FOUND,
+        409: error("The job is not paused"),
+        429: error("The owner has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs; see Retry-After"),
+    },
+)
+def resume_job(
+    job_id: uuid.UUID, request: Request, session: SessionDep, settings: SettingsDep, owner: OwnerDep
+) -> JobPublic:
+    """A paused job is queued again; its next attempt continues from the pause's checkpoint."""
+    return _change_job(
+        request,
+        session,
+        job_id,
+        owner,
+        lambda: jobs_service.resume_job(session=session, job_id=job_id, settings=settings),
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=NOT_FOUND)

@@ -280,6 +280,14 @@ def gang_nodes(*, session: Session, job_id: uuid.UUID, attempt: int) -> list[Job
     )
 
 
+def open_nodes(*, session: Session, job_id: uuid.UUID, attempt: int) -> list[int]:
+    """The ranks of the attempt's nodes still reserved or running."""
+    query = select(JobNode.node_rank).where(
+        col(JobNode.job_id) == job_id, col(JobNode.attempt) == attempt, col(JobNode.state).in_(_OPEN)
+    )
+    return sorted(session.exec(query).all())
+
+
 def current_nodes(*, session: Session, job: Job) -> list[JobNode]:
     """The nodes of a multi-node job's current attempt (none for a one-node job)."""
     if job.num_nodes <= 1 or job.attempts == 0:

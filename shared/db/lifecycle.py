@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,11 +36,16 @@ from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-ACTIVE = (JobStatus.running, JobStatus.cancelling)
+# Statuses whose job has an attempt (a worker, a lease, maybe ranks).
+ACTIVE = (JobStatus.running, JobStatus.cancelling, JobStatus.pausing)
 
 
-class JobFinishedError(Exception):
-    """The job already ended; it cannot be cancelled."""
+class JobStateError(Exception):
+    """The job is not in a status the request applies to (the API answers 409)."""
+
+
+class JobFinishedError(JobStateError):
+    """The job already ended; it cannot be cancelled (or paused)."""
 
 
 def record_event(session: Session, *, job_id: uuid.UUID, type: EventType, data: dict[str, Any]) -> None:
@@ -144,37 +150,122 @@ def finish_job(
     return True
 
 
-def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
-    """queued → cancelled at once; running → cancelling (the worker finishes it); idempotent.
+# What a request does to a job seen in some status: the status it moves to, the other values
+# it sets, and what the status event says besides the status. None: the job stays as it is.
+Move = tuple[JobStatus, dict[str, Any], dict[str, Any]] | None
 
-    Raises JobFinishedError for a job that succeeded or failed.
-    """
-    for _ in range(3):  # the job may move under us (claimed, finished): look again
+
+def _request(session: Session, job_id: uuid.UUID, what: str, decide: Callable[[Job], Move]) -> Job:
+    """A user's request (cancel, pause, resume) as one conditional UPDATE from the status the
+    job is seen in (``decide`` says what it does there, or raises JobStateError). The job may
+    move meanwhile (claimed, finished): it is looked at again."""
+    for _ in range(3):
         job = session.get(Job, job_id, populate_existing=True)
         assert job is not None
-        if job.status in (JobStatus.cancelled, JobStatus.cancelling):
+        decision = decide(job)
+        if decision is None:
             return job
-        if job.status.is_terminal:
-            raise JobFinishedError(
-                f"job {job_id} already {job.status.value}; only queued or running jobs can be cancelled"
-            )
-        target = JobStatus.cancelled if job.status == JobStatus.queued else JobStatus.cancelling
-        values: dict[str, Any] = {"status": target}
-        if target == JobStatus.cancelled:
-            values.update(
-                finished_at=utcnow(), error_code=ErrorCode.cancelled, error_message="cancelled before it started"
-            )
+        target, values, event = decision
         result = session.execute(
-            update(Job).where(col(Job.id) == job_id, col(Job.status) == job.status).values(**values)
+            update(Job).where(col(Job.id) == job_id, col(Job.status) == job.status).values(status=target, **values)
         )
         if _moved(result):
-            _status_event(session, job_id, target)
+            _status_event(session, job_id, target, **event)
             session.commit()
             refreshed = session.get(Job, job_id, populate_existing=True)
             assert refreshed is not None
             return refreshed
         session.commit()
-    raise RuntimeError(f"job {job_id} kept changing while being cancelled")
+    raise RuntimeError(f"job {job_id} kept changing while being {what}")
+
+
+def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
+    """queued or paused → cancelled at once; running or pausing → cancelling (the worker
+    finishes it); idempotent. Raises JobFinishedError for a job that succeeded or failed."""
+
+    def decide(job: Job) -> Move:
+        if job.status in (JobStatus.cancelled, JobStatus.cancelling):
+            return None
+        if job.status.is_terminal:
+            raise JobFinishedError(
+                f"job {job_id} already {job.status.value}; only queued, running or paused jobs can be cancelled"
+            )
+        if job.status in (JobStatus.queued, JobStatus.paused):
+            message = "cancelled before it started" if job.status == JobStatus.queued else "cancelled while paused"
+            values = {"finished_at": utcnow(), "error_code": ErrorCode.cancelled, "error_message": message}
+            return JobStatus.cancelled, values, {}
+        return JobStatus.cancelling, {}, {}
+
+    return _request(session, job_id, "cancelled", decide)
+
+
+def request_pause(*, session: Session, job_id: uuid.UUID) -> Job:
+    """running → pausing (its worker has the ranks checkpoint at their next step, then
+    ``finish_pause``); queued → paused at once (no attempt runs: not started yet, or between
+    attempts); idempotent on a pausing or paused job. Raises JobFinishedError for a job that
+    ended, JobStateError for one being cancelled."""
+
+    def decide(job: Job) -> Move:
+        if job.status in (JobStatus.pausing, JobStatus.paused):
+            return None
+        if job.status.is_terminal:
+            raise JobFinishedError(
+                f"job {job_id} already {job.status.value}; only queued or running jobs can be paused"
+            )
+        if job.status == JobStatus.cancelling:
+            raise JobStateError(f"job {job_id} is being cancelled; only queued or running jobs can be paused")
+        if job.status == JobStatus.queued:
+            # A message already in the broker finds it not queued, and its claim does nothing.
+            return JobStatus.paused, {"enqueued_at": None}, {"step": job.step}
+        return JobStatus.pausing, {}, {}
+
+    return _request(session, job_id, "paused", decide)
+
+
+def request_resume(*, session: Session, job_id: uuid.UUID) -> Job:
+    """paused → queued, unpublished: the caller publishes it as a submit does (or a reconciler
+    will), and its next attempt continues from its newest checkpoint, the pause's. Raises
+    JobStateError for any other status (JobFinishedError once it ended)."""
+
+    def decide(job: Job) -> Move:
+        if job.status == JobStatus.paused:
+            return JobStatus.queued, {"enqueued_at": None}, {"resumed": True, "step": job.step}
+        if job.status.is_terminal:
+            raise JobFinishedError(f"job {job_id} already {job.status.value}; only a paused job can be resumed")
+        hint = "; wait until it is paused" if job.status == JobStatus.pausing else ""
+        raise JobStateError(
+            f"job {job_id} is {job.status.value}; only a paused job can be resumed (POST /jobs/{job_id}/pause "
+            f"pauses a queued or running one){hint}"
+        )
+
+    return _request(session, job_id, "resumed", decide)
+
+
+def finish_pause(
+    *, session: Session, job_id: uuid.UUID, attempt: int, step: int, checkpoint: str | None = None
+) -> bool:
+    """pausing → paused once the attempt's ranks are gone (and its pause checkpoint, at
+    ``checkpoint``, is committed): no worker, no lease, one more pause, so this attempt is not
+    counted against max_restarts. False if the job is no longer pausing in that attempt
+    (cancelled meanwhile, or released)."""
+    result = session.execute(
+        update(Job)
+        .where(col(Job.id) == job_id, col(Job.status) == JobStatus.pausing, col(Job.attempts) == attempt)
+        .values(
+            status=JobStatus.paused,
+            worker_id=None,
+            lease_expires_at=None,
+            enqueued_at=None,
+            eta_seconds=None,
+            pauses=col(Job.pauses) + 1,
+        )
+    )
+    if not _moved(result):
+        session.commit()  # nothing changed; a rollback would expire the caller's objects
+        return False
+    _status_event(session, job_id, JobStatus.paused, step=step, attempt=attempt, checkpoint=checkpoint)
+    session.commit()
+    return True
 
 
 def release_job(
@@ -183,9 +274,11 @@ def release_job(
     """An attempt ended without an outcome (its worker was lost or stopped, or its host failed
     it: ``code`` host_error).
 
-    A cancelling job becomes cancelled (never restarted); otherwise it is requeued while
-    ``attempts <= max_restarts``, else it fails with ``code`` and ``reason``. The UPDATE matches
-    the attempt seen, so two reconcilers never both act. Returns the new status, or None.
+    A cancelling job becomes cancelled (never restarted); otherwise it is requeued (a pausing
+    one paused: it was to stop anyway, and resumes from its newest checkpoint) while its
+    attempts other than pauses are at most ``max_restarts``, else it fails with ``code`` and
+    ``reason``. The UPDATE matches the attempt seen, so two reconcilers never both act.
+    Returns the new status, or None.
     """
     if job.status not in ACTIVE:
         return None
@@ -195,15 +288,19 @@ def release_job(
         col(Job.attempts) == job.attempts,
     ]
     values: dict[str, Any]
+    restarts = job.attempts - job.pauses
     if job.status == JobStatus.cancelling:
         target, values = JobStatus.cancelled, {"error_code": ErrorCode.cancelled, "error_message": "cancelled"}
-    elif job.attempts <= job.max_restarts:
-        target, values = JobStatus.queued, {"worker_id": None, "enqueued_at": None}
+    elif restarts <= job.max_restarts:
+        target = JobStatus.paused if job.status == JobStatus.pausing else JobStatus.queued
+        values = {"worker_id": None, "enqueued_at": None}
     else:
         target = JobStatus.failed
         values = {
             "error_code": code,
-            "error_message": f"{reason}; gave up after {job.attempts} attempts (max_restarts {job.max_restarts})",
+            "error_message": f"{reason}; gave up after {job.attempts} attempts"
+            + (f" ({job.pauses} of them paused)" if job.pauses else "")
+            + f" (max_restarts {job.max_restarts})",
         }
     if target.is_terminal:
         values["finished_at"] = utcnow()

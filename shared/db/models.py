@@ -26,6 +26,8 @@ class JobStatus(StrEnum):
     queued = "queued"
     running = "running"
     cancelling = "cancelling"  # cancel asked while running; the worker is stopping the ranks
+    pausing = "pausing"  # pause asked while running; the ranks checkpoint at their next step and exit
+    paused = "paused"  # stopped with its checkpoints, holding no worker, until resumed (not terminal)
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -111,6 +113,8 @@ class Job(SQLModel, table=True):
     # fits num_gpus (shared.db.lifecycle.route_job). None until published.
     queue: str | None = Field(default=None, max_length=200)
     attempts: int = 0
+    # Attempts that ended in a pause: counted in attempts, never against max_restarts.
+    pauses: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     max_restarts: int = 2
     # How far the worker has ingested the current attempt's events file and the training log,
     # committed with the rows they produced: a resumed attempt picks up exactly there.
@@ -417,6 +421,7 @@ class JobPublic(SQLModel):
     latest_metrics: dict[str, Any] | None
     error: JobError | None
     attempts: int
+    pauses: int  # attempts that ended in a pause (not restarts: max_restarts counts the others)
     max_restarts: int
 
     @classmethod

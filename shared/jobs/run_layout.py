@@ -70,6 +70,24 @@ class RunLayout:
         the ranks wait for it before they save the next one."""
         return self.root / "published" / tag
 
+    def pause_request(self, attempt: int) -> Path:
+        """Created by the worker when the job is to pause: the ranks of ``attempt`` see it after
+        their next optimizer step, save a checkpoint there and exit (node 0's, for a gang; the
+        ranks agree on it as on a stop, so every node leaves after the same step)."""
+        return self.root / "pause" / f"requested-{attempt}"
+
+    def paused_marker(self, attempt: int) -> Path:
+        """Written by rank 0 once the ranks of ``attempt`` saved their pause checkpoint, as they
+        leave: ``{"step": N}``. Without it, ranks that exited 0 finished the job."""
+        return self.root / "pause" / f"paused-{attempt}.json"
+
+    def paused_at(self, attempt: int) -> int | None:
+        """The step the ranks of ``attempt`` paused at (their checkpoint's), or None."""
+        try:
+            return int(json.loads(self.paused_marker(attempt).read_text(encoding="utf-8"))["step"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
     def local_checkpoints(self) -> dict[int, Path]:
         """The DeepSpeed checkpoint directories on this disk, by step, complete or not."""
         found = {}

@@ -90,6 +90,8 @@ JOB_ROUTES = [
     ("GET", "/artifacts", {}),
     ("GET", "/artifacts/train.log", {}),
     ("POST", "/cancel", {}),
+    ("POST", "/pause", {}),
+    ("POST", "/resume", {}),
 ]
 ROUTE_IDS = [
     "get",
@@ -103,6 +105,8 @@ ROUTE_IDS = [
     "artifacts",
     "artifact",
     "cancel",
+    "pause",
+    "resume",
 ]
 
 
@@ -139,11 +143,11 @@ def test_another_owners_job_is_not_found(
     missing = uuid.uuid4()
     nothing = app_client.request(method, f"/jobs/{missing}{suffix}", headers={**headers, **bob}, params=params)
     assert nothing.status_code == 404 and nothing.json() == {"detail": f"job {missing} {MISSING}"}
-    # The owner still sees it, and bob's cancel did nothing.
+    # The owner still sees it, and bob's cancel (pause, resume) did nothing.
     assert app_client.get(f"/jobs/{job_id}", headers=alice).json()["status"] == "queued"
     if "stream" in suffix or params or "text/event-stream" in str(headers):
         app_client.post(f"/jobs/{job_id}/cancel", headers=alice)  # so that the owner's stream ends
-    if suffix != "/cancel":
+    if suffix not in ("/cancel", "/pause", "/resume"):
         mine = app_client.request(method, f"/jobs/{job_id}{suffix}", headers={**headers, **alice}, params=params)
         if suffix == "/logs" and not params:
             assert mine.json() == {"lines": ["alice's secret log line"]}
@@ -289,7 +293,16 @@ def test_too_many_active_jobs_is_429_with_retry_after(
         assert client.get("/jobs", headers=alice).json()["count"] == 2
         submit(client, other, body)  # the limit is per owner
         client.post(f"/jobs/{first['id']}/cancel", headers=alice)
-        submit(client, alice, body, name="3")  # a cancelled job is no longer active
+        third = submit(client, alice, body, name="3")  # a cancelled job is no longer active
+        # A paused job holds no worker and no place in a queue: it does not count, but its
+        # resume does, refused like a submit past the limit.
+        assert client.post(f"/jobs/{third['id']}/pause", headers=alice).json()["status"] == "paused"
+        fourth = submit(client, alice, body, name="4")
+        refused = client.post(f"/jobs/{third['id']}/resume", headers=alice)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "30", refused.text
+        assert client.get(f"/jobs/{third['id']}", headers=alice).json()["status"] == "paused"
+        client.post(f"/jobs/{fourth['id']}/cancel", headers=alice)
+        assert client.post(f"/jobs/{third['id']}/resume", headers=alice).json()["status"] == "queued"
 
 
 # Postgres only: the per-owner lock is Postgres's (SQLite has one writer at a time and, as the

@@ -309,6 +309,36 @@ def test_cancel_a_finished_job_is_409(client: TestClient, body: dict[str, Any]) 
     assert response.status_code == 409 and "already succeeded" in response.json()["detail"]
 
 
+def test_pause_and_resume(client: TestClient, body: dict[str, Any]) -> None:
+    queued, running, done = (client.post("/jobs", json=body).json()["id"] for _ in range(3))
+    # A queued job pauses at once, and again changes nothing.
+    for _ in range(2):
+        paused = client.post(f"/jobs/{queued}/pause")
+        assert paused.status_code == 200 and paused.json()["status"] == "paused"
+    assert client.get(f"/jobs/{queued}").json()["status"] == "paused"  # this process's change: at once
+    resumed = client.post(f"/jobs/{queued}/resume")
+    assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
+    again = client.post(f"/jobs/{queued}/resume")
+    assert again.status_code == 409 and "only a paused job can be resumed" in again.json()["detail"]
+    # A running one goes through pausing (its worker finishes the pause); it cannot be resumed yet.
+    write_job(running, status=JobStatus.running, attempts=1, worker_id="w")
+    assert client.post(f"/jobs/{running}/pause").json()["status"] == "pausing"
+    early = client.post(f"/jobs/{running}/resume")
+    assert early.status_code == 409 and "wait until it is paused" in early.json()["detail"]
+    # A finished job cannot be paused; a paused one is cancelled at once.
+    write_job(done, status=JobStatus.succeeded)
+    refused = client.post(f"/jobs/{done}/pause")
+    assert refused.status_code == 409 and "already succeeded" in refused.json()["detail"]
+    client.post(f"/jobs/{queued}/pause")
+    cancelled = client.post(f"/jobs/{queued}/cancel").json()
+    assert (cancelled["status"], cancelled["error"]["message"]) == ("cancelled", "cancelled while paused")
+    for action in ("pause", "resume"):
+        assert client.post(f"/jobs/{uuid.uuid4()}/{action}").status_code == 404
+    statuses = [e["data"]["status"] for e in client.get(f"/jobs/{queued}/events").json()["data"]]
+    assert statuses == ["queued", "paused", "queued", "paused", "cancelled"]
+    assert client.get("/jobs", params={"status": "pausing"}).json()["count"] == 1
+
+
 def test_events_page_by_cursor_and_stream_ends_after_the_terminal_status(
     client: TestClient, body: dict[str, Any]
 ) -> None:

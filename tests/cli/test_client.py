@@ -904,6 +904,30 @@ def test_show_cancel_logs(api: FakeApi) -> None:
     assert api.requests[-1]["query"] == "tail=2"
 
 
+def test_pause_and_resume(api: FakeApi) -> None:
+    api.json("POST", f"/jobs/{JOB_ID}/pause", job("pausing", step=3))
+    detail = f"job {JOB_ID} is pausing; only a paused job can be resumed; wait until it is paused"
+    api.json("POST", f"/jobs/{JOB_ID}/resume", {"detail": detail}, status=409)
+    api.json("GET", f"/jobs/{JOB_ID}", job("paused", step=3, attempts=2, pauses=1))
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    paused = invoke(api, "pause", JOB_ID)
+    assert paused.exit_code == 0 and paused.stdout.strip() == f"job {JOB_ID}: pausing", paused.output
+    assert json.loads(invoke(api, "pause", JOB_ID, "--json").stdout)["status"] == "pausing"
+    early = invoke(api, "resume", JOB_ID)
+    assert early.exit_code == EXIT_API_ERROR and f"conflict (409): {detail}" in early.stderr
+    assert [(r["method"], r["path"]) for r in api.requests[-3:]] == [
+        ("POST", f"/jobs/{JOB_ID}/pause"),
+        ("POST", f"/jobs/{JOB_ID}/pause"),
+        ("POST", f"/jobs/{JOB_ID}/resume"),
+    ]
+    shown = invoke(api, "show", JOB_ID)
+    assert "paused" in shown.stdout and "2, 1 paused (max restarts 2)" in shown.stdout, shown.output
+    # Following a job that pauses says how to go on; the follow waits for the resume.
+    state = FollowState.from_job(job("running"))
+    line = state.apply(_event(9, "status", {"status": "paused", "step": 7, "attempt": 1}))
+    assert line == f"paused at step 7 (`tuneq resume {JOB_ID}` continues it)" and state.step == 7
+
+
 def test_show_and_jobs_a_multi_node_job(api: FakeApi) -> None:
     nodes = [
         {

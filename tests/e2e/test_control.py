@@ -1,4 +1,4 @@
-"""Control and fault tolerance with real processes: cancel, lost workers, resume, SSE.
+"""Control and fault tolerance with real processes: cancel, pause, lost workers, resume, SSE.
 
 Nothing is mocked: workers are SIGKILLed, Redis servers stopped, streams read over HTTP.
 Short lease and reconcile periods keep the waits to seconds.
@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import EventSource
+from sqlalchemy import create_engine, text
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from shared.ports import free_port
@@ -111,6 +112,63 @@ def test_cancel_stops_every_rank_within_the_grace_period(tmp_path: Path, data: P
         assert short["status"] == "succeeded"
         assert tuneq.job(job["id"])["status"] == "cancelled" and tuneq.job(job["id"])["attempts"] == 1
     finally:
+        tuneq.stop()
+
+
+def all_events(tuneq: Tuneq, job_id: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    while page := tuneq.get(f"/jobs/{job_id}/events?after={events[-1]['id'] if events else 0}&limit=1000")["data"]:
+        events += page
+    return events
+
+
+def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(tmp_path: Path, data: Path) -> None:
+    tuneq = service(tmp_path, data).start()
+    database = create_engine(f"sqlite:///{tmp_path / 'home' / 'tuneq.sqlite'}")
+    try:
+        steps = 200  # enough that the pause comes long before the end
+        job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=50))
+        wait_for(lambda: tuneq.job(job["id"])["step"] >= 5, timeout=180, what="no steps", service=tuneq)
+        ranks = tuneq.ranks_of(job["id"])
+        assert ranks, "no rank processes found"
+        assert tuneq.client.post(f"/jobs/{job['id']}/pause").json()["status"] == "pausing"
+        paused = tuneq.wait(job["id"], timeout=120, until={"paused"})
+        step = paused["step"]
+        assert 5 <= step < steps and paused["pauses"] == 1 and paused["attempts"] == 1
+        # A checkpoint at the pause step (between two checkpoint_every_steps), published and listed.
+        checkpoints = tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"]
+        assert (step, "deepspeed") in {(c["step"], c["kind"]) for c in checkpoints}
+        assert all(c["kind"] == "deepspeed" for c in checkpoints)  # no export: the job has not ended
+        event = [e["data"] for e in all_events(tuneq, job["id"]) if e["data"].get("status") == "paused"]
+        assert event == [{"status": "paused", "step": step, "attempt": 1, "checkpoint": f"step-{step:08d}"}]
+        # The ranks are gone and the worker is free: idle, the job holds neither it nor a lease.
+        assert wait_gone(ranks, timeout=10) == []
+
+        def worker_idle() -> bool:
+            with database.connect() as conn:
+                idle = conn.execute(text("SELECT count(*) FROM workers WHERE idle_since IS NOT NULL")).scalar()
+                holder = conn.execute(text("SELECT worker_id, lease_expires_at FROM jobs")).one()
+            return idle == 1 and tuple(holder) == (None, None)
+
+        wait_for(worker_idle, timeout=30, what="the worker never became idle", service=tuneq)
+        assert tuneq.job(job["id"])["status"] == "paused"
+        assert tuneq.client.post(f"/jobs/{job['id']}/pause").json()["status"] == "paused"  # again: no change
+
+        assert tuneq.client.post(f"/jobs/{job['id']}/resume").json()["status"] == "queued"
+        done = tuneq.wait(job["id"], timeout=300)
+        assert done["status"] == "succeeded", done["error"]
+        assert (done["attempts"], done["pauses"], done["step"]) == (2, 1, steps)
+        # Every step trained and recorded exactly once, the second attempt from the pause step on.
+        events = all_events(tuneq, job["id"])
+        assert sorted(e["data"]["step"] for e in events if e["type"] == "metric") == list(range(1, steps + 1))
+        metrics = tuneq.get(f"/jobs/{job['id']}/metrics")["data"]
+        assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+        resumed = [e["data"] for e in events if e["type"] == "resumed"]
+        assert len(resumed) == 1 and (resumed[0]["from_step"], resumed[0]["attempt"]) == (step, 2)
+        statuses = [e["data"]["status"] for e in events if e["type"] == "status"]
+        assert statuses == ["queued", "running", "pausing", "paused", "queued", "running", "succeeded"]
+    finally:
+        database.dispose()
         tuneq.stop()
 
 

@@ -57,7 +57,7 @@ def points(page: Any, chart: str) -> int:
     return int(page.get_attribute(f"#{chart}", "data-points") or 0)
 
 
-def test_dashboard_shows_a_running_job_live_and_cancels_it(
+def test_dashboard_shows_a_running_job_live_pauses_and_cancels_it(
     chromium: Any, tuneq_home: Path, tiny_model: Path, text_dataset: Path
 ) -> None:
     tuneq = Tuneq(home=tuneq_home).start()
@@ -106,11 +106,18 @@ def test_dashboard_shows_a_running_job_live_and_cancels_it(
         page.screenshot(path=str(screenshot), full_page=True)
         assert screenshot.stat().st_size > 0
 
-        # The cancel button stops the running job; the page follows it to `cancelled`.
+        # The pause button pauses the running job (its ranks checkpoint and exit); the page
+        # follows it to `paused` and offers to resume it instead.
+        assert page.text_content("#pause-button") == "Pause" and page.is_enabled("#pause-button")
+        page.click("#pause-button")
+        page.wait_for_function("document.querySelector('#job-status').textContent === 'paused'")
+        page.wait_for_function("document.querySelector('#pause-button').textContent === 'Resume'")
+        assert page.is_enabled("#pause-button")
+        # The cancel button stops the job (a paused one at once); the page follows it to `cancelled`.
         page.click("#cancel-button")
         page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelled'")
         assert tuneq.wait(job["id"], timeout=60)["status"] == "cancelled"
-        assert page.is_disabled("#cancel-button")
+        assert page.is_disabled("#cancel-button") and page.is_disabled("#pause-button")
         assert errors == []
     finally:
         tuneq.stop()

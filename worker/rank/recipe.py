@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -37,27 +38,40 @@ from worker.errors import InvalidInputError
 from worker.rank import checkpointing
 from worker.rank.batches import IGNORE_INDEX, Batch, SampleRows, make_loader
 from worker.rank.model_loading import load_model, load_tokenizer, settle_training
-from worker.rank.reporting import EventWriter
+from worker.rank.reporting import EventWriter, write_paused
 
 logger = logging.getLogger(__name__)
 
 
-class StopRequested:
-    """SIGTERM (cancel, or the worker stopping) lets the current step finish, then the loop exits."""
+class Stop(IntEnum):
+    """What the ranks do after a step: go on, or leave. Larger is more urgent: when ranks ask
+    for different things, they all do the most urgent one."""
 
-    def __init__(self) -> None:
+    none = 0
+    pause = 1  # save a checkpoint at this step, then leave (the worker asked: RunLayout.pause_request)
+    now = 2  # leave without saving (SIGTERM: a cancel, or the worker stopping)
+
+
+class StopRequested:
+    """SIGTERM (cancel, or the worker stopping) lets the current step finish, then the loop
+    exits; so does a pause request, after a checkpoint of that step."""
+
+    def __init__(self, pause_request: Path) -> None:
         self.requested = False
+        self.pause_request = pause_request
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, _signum: int, _frame: Any) -> None:
         self.requested = True
 
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank once any rank got SIGTERM, so all leave after the same step
-        (a rank that stayed would wait forever in the next collective)."""
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+    def agreed(self, device: torch.device) -> Stop:
+        """The same on every rank: the most urgent stop any rank was asked for, so all leave
+        after the same step (a rank that stayed would wait forever in the next collective).
+        Only the ranks on the worker's disk see a pause request; the others learn it here."""
+        wanted = Stop.now if self.requested else Stop.pause if self.pause_request.exists() else Stop.none
+        flag = torch.tensor([float(wanted)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return Stop(int(flag.item()))
 
 
 @dataclass
@@ -181,7 +195,7 @@ class FineTuneRecipe:
         self.events = (
             self.node_events if self.rank == 0 else EventWriter(self.layout.events(spec.attempt), enabled=False)
         )
-        self.stop = StopRequested()
+        self.stop = StopRequested(self.layout.pause_request(spec.attempt))
         set_seed(opts.seed)
 
         self.tokenizer = load_tokenizer(spec)
@@ -305,7 +319,8 @@ class FineTuneRecipe:
 
     def train(self) -> bool:
         """Optimizer steps up to ``total_steps``, then the final checkpoint. False when a
-        stop (SIGTERM on any rank) was agreed after a step: no final checkpoint, no export."""
+        stop (SIGTERM on any rank) was agreed after a step: no final checkpoint, no export;
+        or a pause: that step's checkpoint, and no export."""
         engine, opts = self.engine, self.opts
         eval_every, save_every = opts.eval_every_steps, opts.checkpoint_every_steps
         data = self._micro_batches()
@@ -329,13 +344,26 @@ class FineTuneRecipe:
                 window = MetricsWindow()
             if save_every and step % save_every == 0 and step < self.total_steps:
                 self.save_checkpoint(unreported=window)
-            if step < self.total_steps and self.stop.agreed(engine.device):
-                logger.info("stop requested: leaving after step %d", step)
+            if step < self.total_steps and (stop := self.stop.agreed(engine.device)):
+                if stop == Stop.pause:
+                    self.pause(window)
+                logger.info("%s requested: leaving after step %d", stop.name, step)
                 return False
 
         if self.last_saved_step != self.step:
             self.save_checkpoint()
         return True
+
+    def pause(self, unreported: MetricsWindow) -> None:
+        """Leave the job resumable exactly here: this step's metrics reported (a resume
+        continues with the next step, so nothing is reported twice or never), its checkpoint
+        saved (even between ``checkpoint_every_steps``), then rank 0 tells the worker."""
+        if unreported.micro_batches:  # the same count on every rank: all take part in the sum
+            self._report(unreported, None)
+        if self.last_saved_step != self.step:
+            self.save_checkpoint()
+        if self.rank == 0:
+            write_paused(self.layout, attempt=self.spec.attempt, step=self.step)
 
     def _micro_batches(self) -> Iterator[tuple[int, int, Batch]]:
         """(epoch, micro-step in the epoch, batch) from where this attempt starts, epoch after

@@ -33,3 +33,8 @@ class EventWriter:
 def write_rank_error(layout: RunLayout, *, rank: int, code: ErrorCode, message: str) -> None:
     error = RankError(rank=rank, code=code, message=message, time=datetime.now(UTC).isoformat())
     write_json_atomic(layout.errors_dir / f"rank-{rank}.json", json.loads(error.model_dump_json()))
+
+
+def write_paused(layout: RunLayout, *, attempt: int, step: int) -> None:
+    """Tell the worker the ranks stopped for a pause, with their checkpoint at ``step``."""
+    write_json_atomic(layout.paused_marker(attempt), {"step": step})

@@ -61,7 +61,7 @@ def watch_worker(heartbeat: Path) -> None:
 
 def run(spec: TrainingSpec, layout: RunLayout) -> None:
     """One rank's run, as torchtune's recipes run: setup, train, export, clean up. A stop
-    agreed after a step (cancel, the worker stopping) skips the export and exits 0."""
+    agreed after a step (cancel, pause, the worker stopping) skips the export and exits 0."""
     recipe = FineTuneRecipe(spec, layout)
     recipe.setup()
     if recipe.train():

@@ -16,11 +16,19 @@ from shared.db.gangs import (
     finish_node,
     gangs_waiting,
     lost_nodes,
+    open_nodes,
     place_gangs,
     release_gang,
     renew_node_lease,
 )
-from shared.db.lifecycle import claim_job, register_worker, set_worker_idle
+from shared.db.lifecycle import (
+    claim_job,
+    finish_pause,
+    register_worker,
+    request_pause,
+    request_resume,
+    set_worker_idle,
+)
 from shared.db.models import Job, JobNode, JobStatus, NodeState, Worker, utcnow
 from shared.queue import node_queue
 from shared.settings import get_settings
@@ -154,6 +162,38 @@ def test_two_gangs_and_three_workers_never_deadlock(database_url: str) -> None:
         s.commit()
     assert {job for job, *_ in place()} == {str(second.id)}
     assert status(second) == JobStatus.running
+
+
+def test_a_paused_gang_holds_no_worker_and_a_pausing_one_keeps_its_nodes_until_they_finish(
+    database_url: str,
+) -> None:
+    workers("w1", "w2")
+    waiting = new_job(num_nodes=3)
+    place()
+    assert kept_for("w1") == str(waiting.id)
+    with session() as s:
+        request_pause(session=s, job_id=waiting.id)
+    place()  # a paused gang waits for nothing: the workers it held are free
+    assert status(waiting) == JobStatus.paused and kept_for("w1") is None and kept_for("w2") is None
+
+    job = new_job(num_nodes=2)
+    nodes = start_placed_gang(job)
+    with session() as s:
+        request_pause(session=s, job_id=job.id)
+        # While the ranks checkpoint, every node keeps its lease; node 0's worker waits for the
+        # other nodes (their shares of the pause checkpoint) before it pauses the job.
+        args = {"job_id": job.id, "attempt": 1, "lease_ttl": 30}
+        assert renew_node_lease(session=s, node_rank=1, worker_id=nodes[1].worker_id, **args)
+        assert open_nodes(session=s, job_id=job.id, attempt=1) == [0, 1]
+        finish_node(session=s, job_id=job.id, attempt=1, node_rank=1, worker_id=nodes[1].worker_id)
+        assert open_nodes(session=s, job_id=job.id, attempt=1) == [0]
+        assert finish_pause(session=s, job_id=job.id, attempt=1, step=5)
+        finish_node(session=s, job_id=job.id, attempt=1, node_rank=0, worker_id=nodes[0].worker_id)
+    assert status(job) == JobStatus.paused and kept_for(nodes[0].worker_id) is None
+    assert place() == []  # nor is a paused gang placed
+    with session() as s:
+        request_resume(session=s, job_id=job.id)
+    assert {(job_id, attempt) for job_id, attempt, *_ in place()} == {(str(job.id), 2)}
 
 
 def test_the_oldest_gang_holds_workers_as_they_free_up_and_younger_work_backfills(database_url: str) -> None:

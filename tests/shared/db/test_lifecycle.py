@@ -11,9 +11,11 @@ from sqlmodel import Session, col, select
 from shared.db.engine import get_engine
 from shared.db.lifecycle import (
     JobFinishedError,
+    JobStateError,
     claim_job,
     expired_leases,
     finish_job,
+    finish_pause,
     mark_published,
     mark_unpublished,
     prune_workers,
@@ -21,6 +23,8 @@ from shared.db.lifecycle import (
     release_job,
     renew_lease,
     request_cancel,
+    request_pause,
+    request_resume,
     route_job,
     set_worker_idle,
     stop_worker,
@@ -123,6 +127,105 @@ def test_a_lost_cancelling_job_is_cancelled_not_restarted(database_url: str) -> 
         request_cancel(session=s, job_id=job.id)
         (lost,) = expired_leases(session=s, now=utcnow())
         assert release_job(session=s, job=lost, reason="lost") == JobStatus.cancelled
+
+
+def test_pause_a_running_job_through_pausing_and_resume_it(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        claim_job(session=s, job_id=job.id, worker_id="w", lease_ttl=60)
+        assert request_pause(session=s, job_id=job.id).status == JobStatus.pausing
+        assert request_pause(session=s, job_id=job.id).status == JobStatus.pausing  # again: same answer
+        # The worker still holds the attempt while its ranks checkpoint: the lease renews.
+        assert renew_lease(session=s, job_id=job.id, worker_id="w", attempt=1, lease_ttl=60) == "pausing"
+        with pytest.raises(JobStateError, match="is pausing; only a paused job can be resumed"):
+            request_resume(session=s, job_id=job.id)
+        assert not finish_pause(session=s, job_id=job.id, attempt=2, step=7)  # not this attempt
+        assert finish_pause(session=s, job_id=job.id, attempt=1, step=7, checkpoint="step-00000007")
+        assert not finish_pause(session=s, job_id=job.id, attempt=1, step=7)  # once
+        paused = s.get(Job, job.id, populate_existing=True)
+        assert paused is not None and paused.status == JobStatus.paused
+        # No worker, no lease: nothing renews, expires or claims it, and it is not finished.
+        assert (paused.worker_id, paused.lease_expires_at, paused.finished_at, paused.pauses) == (None, None, None, 1)
+        assert renew_lease(session=s, job_id=job.id, worker_id="w", attempt=1, lease_ttl=60) is None
+        assert expired_leases(session=s, now=utcnow() + timedelta(days=1)) == []
+        assert claim_job(session=s, job_id=job.id, worker_id="w", lease_ttl=60) is None
+        assert request_pause(session=s, job_id=job.id).status == JobStatus.paused  # idempotent
+        resumed = request_resume(session=s, job_id=job.id)
+        assert (resumed.status, resumed.enqueued_at, resumed.attempts) == (JobStatus.queued, None, 1)
+        with pytest.raises(JobStateError, match="is queued; only a paused job can be resumed"):
+            request_resume(session=s, job_id=job.id)
+        assert claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=60) is not None  # the next attempt
+    assert statuses(job) == ["running", "pausing", "paused", "queued", "running"]
+    with session() as s:
+        events = s.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+    paused_event = next(e.data for e in events if e.data.get("status") == "paused")
+    assert paused_event == {"status": "paused", "step": 7, "attempt": 1, "checkpoint": "step-00000007"}
+
+
+def test_a_queued_job_pauses_at_once_and_a_paused_one_cancels_at_once(database_url: str) -> None:
+    job = new_job()
+    with session() as s:
+        mark_published(session=s, job_id=job.id, queue="q-1gpu")
+        paused = request_pause(session=s, job_id=job.id)
+        assert (paused.status, paused.enqueued_at) == (JobStatus.paused, None)
+        # Its message, still in the broker, claims nothing; no reconciler publishes it again.
+        assert claim_job(session=s, job_id=job.id, worker_id="w", lease_ttl=60) is None
+        assert unpublished_jobs(session=s, older_than=utcnow(), live_since=utcnow()) == []
+        cancelled = request_cancel(session=s, job_id=job.id)
+        assert (cancelled.status, cancelled.error_message) == (JobStatus.cancelled, "cancelled while paused")
+        with pytest.raises(JobFinishedError, match="already cancelled; only queued or running jobs can be paused"):
+            request_pause(session=s, job_id=job.id)
+        with pytest.raises(JobFinishedError, match="already cancelled; only a paused job can be resumed"):
+            request_resume(session=s, job_id=job.id)
+    assert statuses(job) == ["paused", "cancelled"]
+
+
+def test_pause_is_refused_once_a_job_ended_or_while_it_is_cancelled(database_url: str) -> None:
+    done, cancelling, pausing = new_job(), new_job(), new_job()
+    with session() as s:
+        for job in (done, cancelling, pausing):
+            claim_job(session=s, job_id=job.id, worker_id="w", lease_ttl=60)
+        finish_job(session=s, job_id=done.id, status=JobStatus.succeeded)
+        with pytest.raises(JobFinishedError, match="already succeeded"):
+            request_pause(session=s, job_id=done.id)
+        request_cancel(session=s, job_id=cancelling.id)
+        with pytest.raises(JobStateError, match="is being cancelled"):
+            request_pause(session=s, job_id=cancelling.id)
+        # A cancel wins over a pause under way: the worker stops the ranks as for any cancel.
+        request_pause(session=s, job_id=pausing.id)
+        assert request_cancel(session=s, job_id=pausing.id).status == JobStatus.cancelling
+        assert not finish_pause(session=s, job_id=pausing.id, attempt=1, step=3)
+    assert statuses(pausing) == ["running", "pausing", "cancelling"]
+
+
+def test_a_pause_is_not_a_restart_and_a_lost_pausing_job_is_paused(database_url: str) -> None:
+    job, lost_while_pausing = new_job(max_restarts=1), new_job()
+    with session() as s:
+        # Attempt 1 pauses; attempt 2 is lost: the one restart allowed, so it is requeued.
+        claim_job(session=s, job_id=job.id, worker_id="w1", lease_ttl=60)
+        request_pause(session=s, job_id=job.id)
+        finish_pause(session=s, job_id=job.id, attempt=1, step=4)
+        request_resume(session=s, job_id=job.id)
+        claim_job(session=s, job_id=job.id, worker_id="w2", lease_ttl=-1)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.queued
+        # Attempt 3 is lost too: past max_restarts, counting the attempts that were not pauses.
+        claim_job(session=s, job_id=job.id, worker_id="w3", lease_ttl=-1)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.failed
+        failed = s.get(Job, job.id, populate_existing=True)
+        assert failed is not None and "gave up after 3 attempts (1 of them paused)" in (failed.error_message or "")
+
+        # A job lost while pausing was to stop anyway: paused, not requeued (a resume continues
+        # from its newest checkpoint), and that attempt was a restart, not a pause.
+        claim_job(session=s, job_id=lost_while_pausing.id, worker_id="w", lease_ttl=-1)
+        request_pause(session=s, job_id=lost_while_pausing.id)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.paused
+        paused = s.get(Job, lost_while_pausing.id, populate_existing=True)
+        assert paused is not None and (paused.attempts, paused.pauses, paused.worker_id) == (1, 0, None)
+    assert statuses(job) == ["running", "pausing", "paused", "queued", "running", "queued", "running", "failed"]
+    assert statuses(lost_while_pausing) == ["running", "pausing", "paused"]
 
 
 def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url: str) -> None:

@@ -186,6 +186,30 @@ def test_each_downgrade_undoes_its_upgrade(engine: Engine) -> None:
     assert revisions(engine) == ()
 
 
+def test_downgrading_pause_keeps_paused_and_pausing_jobs_alive(engine: Engine) -> None:
+    """0013's downgrade: the older code knows neither status, so a pausing job runs on and a
+    paused one is queued again (unpublished, for a reconciler), never lost or ended."""
+    from sqlmodel import Session
+
+    from shared.db.models import Job, JobStatus, utcnow
+
+    config = alembic_config(engine.url)
+    command.upgrade(config, "0013")
+    with Session(engine) as session:
+        for name, status in (("pausing", JobStatus.pausing), ("paused", JobStatus.paused)):
+            job = Job(name=name, status=status, model="m", dataset="d", deepspeed_config={}, num_gpus=1, training={})
+            job.enqueued_at = utcnow()
+            session.add(job)
+        session.commit()
+    command.downgrade(config, "0012")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name, status, enqueued_at FROM jobs ORDER BY name")).all()
+    assert [(name, status, enqueued is None) for name, status, enqueued in rows] == [
+        ("paused", "queued", True),
+        ("pausing", "running", False),
+    ]
+
+
 def test_enums_are_stored_as_the_code_reads_them(database_url: str) -> None:
     """``JobStatus`` and friends keep SQLModel's storage: a native enum on Postgres, text on SQLite."""
     import uuid

@@ -1,5 +1,5 @@
 """The training recipe for real, on one CPU rank: per-step metrics, gradient accumulation,
-checkpoints and the export, and a resume that continues where the checkpoint left off.
+checkpoints and the export, a pause, and a resume that continues where the checkpoint left off.
 
 The runs happen in a spawned child, not in pytest's process: DeepSpeed's process group lives
 as long as the process does, the recipe installs a SIGTERM handler (StopRequested), and the
@@ -137,7 +137,17 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
     mid_epoch, epoch_end = resumed("mid-epoch", 4), resumed("epoch-end", 8)
     # Reports every third step: the checkpoint at step 4 falls between two.
     sparse = spec("sparse-reports", log_every_steps=3)
-    train([full, mid_epoch, epoch_end, sparse])
+    # The worker asked for a pause before the run started: the ranks pause after step 1, between
+    # two reports and two checkpoints; the next attempt continues from there.
+    paused = spec("paused", log_every_steps=2)
+    paused_layout = RunLayout(Path(paused.run_dir))
+    paused_layout.pause_request(paused.attempt).parent.mkdir(parents=True)
+    paused_layout.pause_request(paused.attempt).touch()
+    after_pause = spec(
+        "after-pause",
+        ResumePoint(checkpoints_dir=str(paused_layout.checkpoints_dir), tag="step-00000001", step=1),
+    )
+    train([full, mid_epoch, epoch_end, sparse, paused, after_pause])
 
     events = events_of(full)
     plan = events[0]
@@ -167,6 +177,17 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
         assert losses_of(continued) == {step: losses[step] for step in range(first_step, 17)}
         last = [e for e in continued if isinstance(e, MetricEvent)][-1]
         assert (last.tokens_seen, last.epoch) == (metrics[-1].tokens_seen, 2.0)
+
+    # A pause reports the step it stops after and saves its checkpoint, whatever the periods
+    # say, exports nothing, and tells the worker; the resume continues with the next step.
+    paused_events = events_of(paused)
+    assert losses_of(paused_events) == {1: losses[1]}
+    assert [(e.kind, e.step) for e in paused_events if isinstance(e, CheckpointEvent)] == [("deepspeed", 1)]
+    assert paused_layout.paused_at(paused.attempt) == 1 and not paused_layout.model_dir.exists()
+    continued = events_of(after_pause)
+    assert losses_of(continued) == {step: losses[step] for step in range(2, 17)}
+    assert [e for e in continued if isinstance(e, MetricEvent)][-1].tokens_seen == metrics[-1].tokens_seen
+    assert RunLayout(Path(full.run_dir)).paused_at(full.attempt) is None  # it ran to the end
 
     # A checkpoint between two reports counts the tokens of the steps not reported yet.
     sparse_checkpoint = RunLayout(Path(sparse.run_dir)).checkpoints_dir / "step-00000004"
