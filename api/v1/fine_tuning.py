@@ -2,13 +2,14 @@
 ``api.v1.fine_tuning_service``.
 
 What the SDK's ``client.fine_tuning.jobs`` calls: ``create``, ``list`` (``after``, ``limit``,
-``metadata``), ``retrieve``, ``cancel``, ``list_events`` and ``checkpoints.list``, with OpenAI's
+``metadata``), ``retrieve``, ``cancel``, ``pause``, ``resume``, ``list_events`` and ``checkpoints.list``, with OpenAI's
 object shapes and error envelope. The jobs are the native ``/jobs`` ones: ``ftjob-<hex>`` here
 is ``/jobs/<uuid>`` there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -28,7 +29,7 @@ from api.v1.fine_tuning_objects import (
     FineTuningJobListPublic,
     FineTuningJobPublic,
 )
-from shared.db.lifecycle import JobFinishedError
+from shared.db.lifecycle import JobStateError
 from shared.db.models import Job
 
 router = APIRouter(
@@ -122,6 +123,23 @@ def retrieve_fine_tuning_job(fine_tuning_job_id: str, session: ReadSessionDep, o
     return service.fine_tuning_job_public(_job_or_404(session, fine_tuning_job_id, owner))
 
 
+def _change_job(
+    request: Request, session: Session, fine_tuning_job_id: str, owner: str, change: Callable[[Job], Job]
+) -> FineTuningJobPublic:
+    """A request that changes the caller's job (cancel, pause, resume), as the native routes
+    do: 404 for another owner's job, 409 for a status it does not apply to, 429 for a resume past
+    the owner's active-job limit; the native GET /jobs/{id} sees the change at once."""
+    job = _job_or_404(session, fine_tuning_job_id, owner)
+    try:
+        job = change(job)
+    except JobStateError as e:
+        raise OpenAIHTTPException(409, str(e), param="id") from None
+    except jobs_service.ActiveJobLimitError as e:
+        raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded") from None
+    request.app.state.job_cache.forget(job.id)
+    return service.fine_tuning_job_public(job)
+
+
 @router.post(
     "/{fine_tuning_job_id}/cancel",
     response_model=FineTuningJobPublic,
@@ -130,14 +148,47 @@ def retrieve_fine_tuning_job(fine_tuning_job_id: str, session: ReadSessionDep, o
 def cancel_fine_tuning_job(
     fine_tuning_job_id: str, request: Request, session: SessionDep, owner: OwnerDep
 ) -> FineTuningJobPublic:
-    """A queued job is cancelled at once; a running one stops within the grace period."""
-    job = _job_or_404(session, fine_tuning_job_id, owner)
-    try:
-        job = jobs_service.cancel_job(session=session, job_id=job.id)
-    except JobFinishedError as e:
-        raise OpenAIHTTPException(409, str(e), param="id") from None
-    request.app.state.job_cache.forget(job.id)  # the native GET /jobs/{id} sees it at once
-    return service.fine_tuning_job_public(job)
+    """A queued or paused job is cancelled at once; a running one stops within the grace period."""
+    return _change_job(
+        request, session, fine_tuning_job_id, owner, lambda job: jobs_service.cancel_job(session=session, job_id=job.id)
+    )
+
+
+@router.post(
+    "/{fine_tuning_job_id}/pause",
+    response_model=FineTuningJobPublic,
+    responses={**NOT_FOUND, 409: error("The job already ended, or is being cancelled")},
+)
+def pause_fine_tuning_job(
+    fine_tuning_job_id: str, request: Request, session: SessionDep, owner: OwnerDep
+) -> FineTuningJobPublic:
+    """A running job saves a checkpoint at its next step and stops, freeing its worker; a queued
+    one is paused at once."""
+    return _change_job(
+        request, session, fine_tuning_job_id, owner, lambda job: jobs_service.pause_job(session=session, job_id=job.id)
+    )
+
+
+@router.post(
+    "/{fine_tuning_job_id}/resume",
+    response_model=FineTuningJobPublic,
+    responses={
+        **NOT_FOUND,
+        409: error("The job is not paused"),
+        429: error("The owner has TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs"),
+    },
+)
+def resume_fine_tuning_job(
+    fine_tuning_job_id: str, request: Request, session: SessionDep, settings: SettingsDep, owner: OwnerDep
+) -> FineTuningJobPublic:
+    """A paused job is queued again and continues from the checkpoint its pause saved."""
+    return _change_job(
+        request,
+        session,
+        fine_tuning_job_id,
+        owner,
+        lambda job: jobs_service.resume_job(session=session, job_id=job.id, settings=settings),
+    )
 
 
 @router.get("/{fine_tuning_job_id}/events", response_model=FineTuningJobEventListPublic, responses=NOT_FOUND)

@@ -443,7 +443,8 @@ def _status_text(data: dict[str, Any], job: Job) -> tuple[str, str]:
         "cancelling": "Cancel requested: stopping the job",
         "cancelled": "Fine-tuning job cancelled",
         "pausing": "Pause requested: saving a checkpoint",
-        "paused": "Fine-tuning job paused",
+        "paused": "Fine-tuning job paused"
+        + (f" at step {data['step']}: resume continues from its checkpoint" if data.get("checkpoint") else ""),
         "succeeded": f"The job has successfully completed: {fine_tuned_model_name(job)}",
         "failed": f"Fine-tuning job failed: {error.get('message', 'see the job error')}",
     }

@@ -351,3 +351,26 @@ def test_a_nested_parameter_is_named_by_its_path(client: TestClient, model_dir: 
     refused = error_of(create(client, model=str(model_dir), training_file="file-x", **body), 400)
     assert refused["param"] == "method.supervised.hyperparameters.n_epochs", refused
     assert refused["message"].endswith("must be 'auto' or an integer")
+
+
+def test_pause_resume_and_cancel_a_queued_job(client: TestClient, model_dir: Path) -> None:
+    job = create(client, model=str(model_dir), training_file=upload(client)).json()
+    path = f"/v1/fine_tuning/jobs/{job['id']}"
+    assert client.post(f"{path}/pause").json()["status"] == "paused"
+    assert client.post(f"{path}/pause").json()["status"] == "paused"  # again: no change
+    assert native(client, job["id"])["status"] == "paused"
+    assert client.post(f"{path}/resume").json()["status"] == "queued"
+    assert error_of(client.post(f"{path}/resume"), 409)["param"] == "id"  # not paused
+    client.post(f"{path}/pause")
+    assert client.post(f"{path}/cancel").json()["status"] == "cancelled"
+    assert error_of(client.post(f"{path}/pause"), 409)["param"] == "id"  # it ended
+    messages = [e["message"] for e in client.get(f"{path}/events").json()["data"]]
+    assert messages == [
+        "Fine-tuning job cancelled",
+        "Fine-tuning job paused",
+        "Job queued",
+        "Fine-tuning job paused",
+        "Job queued",
+    ]
+    for action in ("pause", "resume"):
+        assert error_of(client.post(f"/v1/fine_tuning/jobs/ftjob-{'0' * 32}/{action}"), 404)["param"] == "id"

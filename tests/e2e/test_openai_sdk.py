@@ -195,3 +195,42 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     with pytest.raises(openai.BadRequestError) as e:
         bob.fine_tuning.jobs.create(model=model, training_file=file.id)  # alice's file
     assert e.value.param == "training_file"
+
+
+def events_of(client: OpenAI, job_id: str) -> list[openai.types.fine_tuning.FineTuningJobEvent]:
+    return list(client.fine_tuning.jobs.list_events(job_id, limit=100))
+
+
+def test_the_sdk_pauses_a_running_job_and_resumes_it_from_its_checkpoint(
+    alice: OpenAI, service: Tuneq, tmp_path: Path
+) -> None:
+    with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
+        file = alice.files.create(file=f, purpose="fine-tune")
+    job = alice.fine_tuning.jobs.create(
+        model=str(service.home / "data" / "tiny-gpt-neo"),
+        training_file=file.id,
+        hyperparameters={"n_epochs": 10, "batch_size": 1},  # 80 steps, a checkpoint every 8
+    )
+    deadline = time.monotonic() + 240
+    while not any(e.type == "metrics" for e in events_of(alice, job.id)):
+        assert time.monotonic() < deadline, service.log_tail()
+        time.sleep(0.5)
+    assert alice.fine_tuning.jobs.pause(job.id).status == "paused"
+    # The pause is done once its event says at which step: the checkpoint is saved, the worker free.
+    paused_at = None
+    while paused_at is None:
+        assert time.monotonic() < deadline, service.log_tail()
+        done = [e for e in events_of(alice, job.id) if e.message.startswith("Fine-tuning job paused at step")]
+        paused_at = int(done[0].message.split("at step ")[1].split(":")[0]) if done else None
+        time.sleep(0.5)
+    assert 0 < paused_at < 80
+    assert paused_at in {c.step_number for c in alice.fine_tuning.jobs.checkpoints.list(job.id)}
+    assert alice.fine_tuning.jobs.retrieve(job.id).status == "paused"
+
+    assert alice.fine_tuning.jobs.resume(job.id).status in {"queued", "validating_files", "running"}
+    statuses = follow(alice, job.id)
+    assert statuses[-1] == "succeeded", (statuses, service.log_tail())
+    events = events_of(alice, job.id)
+    steps = [e.data["step"] for e in events if e.type == "metrics"]  # type: ignore[index]
+    assert sorted(steps) == list(range(1, 81))  # every step once: none repeated after the resume
+    assert any(e.message == f"Resumed from the checkpoint at step {paused_at}" for e in events)
