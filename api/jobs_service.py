@@ -51,9 +51,15 @@ logger = logging.getLogger(__name__)
 
 
 def deployment_hardware(*, session: Session, settings: Settings) -> Hardware | None:
-    """The most the workers seen lately offer; None when none has been seen."""
+    """The most the workers seen lately offer, and each of them with its memory and bf16
+    support (what a chosen DeepSpeed config must fit); None when none has been seen."""
     workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
-    return Hardware.most_of(Hardware(w.accelerator, w.device_count) for w in workers)
+    return Hardware.most_of(
+        Hardware(
+            w.accelerator, w.device_count, device_memory_bytes=w.device_memory_bytes, bf16_supported=w.bf16_supported
+        )
+        for w in workers
+    )
 
 
 class IdempotencyConflictError(Exception):

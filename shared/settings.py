@@ -74,9 +74,9 @@ class Settings(BaseSettings):
     # past it 413. The upload is spooled to disk as it arrives, so this bounds disk, not memory.
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1)
     # Memory of one device, which the DeepSpeed config tuneq chooses for a job without one is
-    # planned for (shared.deepspeed.chosen): a GPU's on CUDA workers (80: an A100 or H100 80GB),
-    # a rank's share of host memory on CPU workers. Workers do not report it, and a
-    # deployment's GPUs are one kind in practice.
+    # planned for (shared.deepspeed.chosen) while no live worker that could run the job has
+    # recorded its own (none seen yet, or rows of workers from an older release): a GPU's on
+    # CUDA workers (80: an A100 or H100 80GB), a rank's share of host memory on CPU workers.
     device_memory_gib: float = Field(default=80.0, gt=0)
     # Logs of `tuneq serve`, `worker` and `dev` on stderr: "text" for people, "json" (one object
     # per line) for a log collector. Training logs in the run directory stay text either way.

@@ -36,19 +36,62 @@ TRAIN_MODULE = "worker.rank.train"
 OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 
+# Run by ``detect_hardware`` in a child: the GPUs torch sees, the smallest one's total memory,
+# and whether all compute in bf16 natively. Compute capability 8.0 (Ampere) is where NVIDIA GPUs
+# gained bf16 units; older ones (V100, T4) only emulate it, and torch.cuda.is_bf16_supported()
+# counts emulation as support by default and asks the current device alone. ROCm: torch's own
+# rule (every AMD GPU it builds for has bf16).
+GPU_PROBE = """
+import json, torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+devices = [torch.cuda.get_device_properties(i) for i in range(n)]
+print(json.dumps({
+    "n": n,
+    "memory": min((d.total_memory for d in devices), default=None),
+    "bf16": bool(torch.version.hip) or all(d.major >= 8 for d in devices),
+}))
+"""
+# cgroup v2, then v1: a worker in a container may have less memory than its host ("max", or a
+# v1 figure past the host's, when unlimited).
+_CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
 def detect_hardware() -> Hardware:
     """Ask torch in a short-lived child, so the worker process itself never initialises CUDA
     (a CUDA context does not survive Celery's fork) and stays free of torch's memory. A torch
     built for CPUs only cannot see a GPU, and saying so needs no import of it (seconds)."""
     if torch_build_has_gpu_support():
-        probe = (
-            "import json, torch; print(json.dumps({'cuda': torch.cuda.is_available(), 'n': torch.cuda.device_count()}))"
-        )
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-        facts = json.loads(out.stdout.strip().splitlines()[-1])
-        if facts["cuda"] and facts["n"] > 0:
-            return Hardware("cuda", int(facts["n"]))
-    return Hardware("cpu", os.cpu_count() or 1)
+        out = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=120, check=True)
+        if (gpus := gpu_hardware(out.stdout)) is not None:
+            return gpus
+    return host_hardware()
+
+
+def gpu_hardware(probe_output: str) -> Hardware | None:
+    """The GPUs the probe's last line (its JSON) reports, None when it saw none."""
+    facts = json.loads(probe_output.strip().splitlines()[-1])
+    if int(facts["n"]) < 1:
+        return None
+    memory = facts.get("memory")
+    return Hardware(
+        "cuda", int(facts["n"]), device_memory_bytes=int(memory) if memory else None, bf16_supported=bool(facts["bf16"])
+    )
+
+
+def host_hardware() -> Hardware:
+    """A host without GPUs: a device per core, and the host's memory, which the ranks of a job
+    share (``Hardware.memory_per_rank`` divides it by the job's ranks, not the cores: a job of
+    one rank on a 64-core host has all of it). DeepSpeed's CPU accelerator runs bf16."""
+    return Hardware("cpu", os.cpu_count() or 1, device_memory_bytes=host_memory_bytes(), bf16_supported=True)
+
+
+def host_memory_bytes() -> int:
+    """Physical memory, or the worker's cgroup limit where lower."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in _CGROUP_MEMORY_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            memory = min(memory, int(limit.read_text(encoding="ascii").strip()))
+    return memory
 
 
 def torch_build_has_gpu_support() -> bool:

@@ -109,8 +109,18 @@ def _on_worker_ready(**_kwargs: Any) -> None:
             device_count=hardware.device_count,
             queue=size_queue(settings, hardware.device_count),
             address=advertised_address(settings),
+            device_memory_bytes=hardware.device_memory_bytes,
+            bf16_supported=hardware.bf16_supported,
         )
-    logger.info("worker %s ready: %d %s device(s)", _worker_id, hardware.device_count, hardware.accelerator)
+    logger.info(
+        "worker %s ready: %d %s device(s), %.1f GiB %s, bf16 %s",
+        _worker_id,
+        hardware.device_count,
+        hardware.accelerator,
+        (hardware.device_memory_bytes or 0) / 2**30,
+        "of host memory" if hardware.accelerator == "cpu" else "on the smallest",
+        "native" if hardware.bf16_supported else "not native",
+    )
     check_disk()
     threading.Thread(target=_heartbeat, args=(_stopping,), name="heartbeat", daemon=True).start()
     threading.Thread(

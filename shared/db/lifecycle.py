@@ -426,11 +426,14 @@ def register_worker(
     device_count: int,
     queue: str,
     address: str | None = None,
+    device_memory_bytes: int | None = None,
+    bf16_supported: bool | None = None,
 ) -> None:
     worker = session.get(Worker, worker_id)
     if worker is None:
         worker = Worker(id=worker_id, hostname=hostname, accelerator=accelerator, device_count=device_count)
     worker.accelerator, worker.device_count, worker.queue = accelerator, device_count, queue
+    worker.device_memory_bytes, worker.bf16_supported = device_memory_bytes, bf16_supported
     worker.address, worker.gang_job_id = address, None
     worker.last_seen_at = worker.idle_since = utcnow()
     worker.stopped_at = worker.unavailable = None

@@ -252,7 +252,8 @@ class Artifact(ArtifactBase, table=True):
 
 
 class Worker(SQLModel, table=True):
-    """A worker's hardware, so the API can refuse what no worker can run (fp16 without CUDA)."""
+    """A worker's hardware, so the API can refuse what no worker can run (fp16 without CUDA) and
+    choose a DeepSpeed config that fits the workers that could run a job."""
 
     __tablename__ = "workers"
 
@@ -260,6 +261,11 @@ class Worker(SQLModel, table=True):
     hostname: str
     accelerator: str  # "cuda" or "cpu"
     device_count: int
+    # Its smallest device's total memory (on a CPU worker the host's, its ranks' to share), and
+    # whether every device computes in bf16 natively: the DeepSpeed config tuneq chooses fits
+    # them (shared.deepspeed.chosen). None in rows of workers from before they were recorded.
+    device_memory_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    bf16_supported: bool | None = None
     # The queue it consumes: one per worker size (shared.queue.size_queue).
     queue: str | None = Field(default=None, max_length=200)
     # Set while the worker runs no job: a queued job waiting longer than an idle worker has

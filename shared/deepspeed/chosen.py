@@ -5,17 +5,22 @@ What it looks at, all known at submit without loading weights:
 
 * the model's size, from its config.json (``parameter_count``: decoder-only formulas over
   ``vocab_size``, the hidden size, the layer and head counts and the MLP width);
-* the hardware: the accelerator of the deployment's workers and the memory of one device,
-  ``TUNEQ_DEVICE_MEMORY_GIB`` (the ``workers`` table does not record device memory: a
-  deployment's GPUs are one kind in practice, and a setting is one line where a probe, a
-  column and a migration would be three changes for the same number);
+* the hardware, as the workers record it when they start (``worker.launcher.detect_hardware``,
+  the ``workers`` table): the accelerator, and of the live workers that could run the job
+  (those with at least ``num_gpus`` devices: it is routed to one of them, and requeued onto
+  another) the smallest memory a rank has (``Hardware.memory_per_rank``: a GPU's, or a CPU
+  worker's host memory shared by the job's ranks there) and whether all compute in bf16
+  natively. The config has to fit wherever the job lands, hence the least of them, not the
+  largest worker's. Before any worker recorded its memory (none seen yet, or rows of workers
+  from an older release), ``TUNEQ_DEVICE_MEMORY_GIB`` stands in;
 * the world size (num_nodes x num_gpus) and the requested global batch size.
 
 What it picks:
 
-* precision: bf16 unless ``training.precision`` was given. bf16 needs no loss scaling (fp16
-  overflows and skips steps) and runs on CPUs and on every NVIDIA GPU from Ampere on; a
-  deployment of older GPUs (V100, T4) gives its own config with fp16.
+* precision, unless ``training.precision`` was given: bf16 where every worker that could run
+  the job has it natively (CPUs, NVIDIA GPUs from Ampere on, AMD GPUs), else fp16 (V100, T4:
+  they only emulate bf16, slowly). bf16 needs no loss scaling (fp16 overflows and skips steps),
+  hence first.
 * ZeRO stage and offload: the first of ZeRO-2, ZeRO-3, ZeRO-3 with the optimizer in CPU
   memory, ZeRO-3 with optimizer and weights in CPU memory, whose model states (the plan's
   ``estimate_memory``: DeepSpeed's own estimators) take at most ``MODEL_STATES_SHARE`` of a
@@ -177,8 +182,10 @@ def _batch_section(batch_size: int | None, world_size: int) -> dict[str, Any]:
     }
 
 
-def _precision(training: TrainingOptions) -> str:
-    return training.precision if "precision" in training.model_fields_set else "bf16"
+def _precision(training: TrainingOptions, hardware: Hardware | None, num_gpus: int) -> str:
+    if "precision" in training.model_fields_set:
+        return training.precision
+    return "bf16" if hardware is None or hardware.supports_bf16(num_gpus) else "fp16"
 
 
 def choose_deepspeed_config(
@@ -188,11 +195,13 @@ def choose_deepspeed_config(
     num_gpus: int,
     num_nodes: int,
     training: TrainingOptions,
-    device_memory_bytes: int,
+    assumed_device_memory_bytes: int,
     batch_size: int | None = None,
 ) -> ChosenDeepSpeedConfig:
-    """The config for a job of ``training`` on ``num_nodes`` x ``num_gpus`` devices of
-    ``device_memory_bytes`` each (``hardware`` None: no worker seen yet, planned as CUDA).
+    """The config for a job of ``training`` on ``num_nodes`` x ``num_gpus`` ranks of the
+    workers in ``hardware`` that could run it (None: no worker seen yet, planned as CUDA).
+    A rank has the memory those workers recorded (``Hardware.memory_per_rank``), or
+    ``assumed_device_memory_bytes`` (``TUNEQ_DEVICE_MEMORY_GIB``) where none did.
 
     ``model_config`` is the model's config.json (None for a hub model: then ZeRO-2, the
     stage that runs anything that fits one device and scales without more communication).
@@ -201,7 +210,9 @@ def choose_deepspeed_config(
     from shared.jobs.plan import estimate_memory
 
     world_size = num_gpus * num_nodes
-    precision = _precision(training)
+    precision = _precision(training, hardware, num_gpus)
+    recorded = hardware.memory_per_rank(num_gpus) if hardware is not None else None
+    device_memory_bytes = recorded if recorded is not None else assumed_device_memory_bytes
     size = parameter_count(model_config) if model_config is not None else None
     on_cpu = hardware is not None and hardware.accelerator == "cpu"
     # On a CPU worker the "device" is host memory already: offloading to it gains nothing.
@@ -228,11 +239,18 @@ def choose_deepspeed_config(
                 break
         else:
             smallest = estimates[-1][1].per_device_bytes
+            # A CPU worker's ranks are in host memory already: nothing to offload to.
+            least = "ZeRO-3" if on_cpu else "ZeRO-3 and CPU offload"
+            source = (
+                "as recorded by the smallest worker that could run the job"
+                if recorded is not None
+                else "TUNEQ_DEVICE_MEMORY_GIB: no worker has recorded its memory yet"
+            )
             raise DeepSpeedChoiceError(
-                f"a model of {size.parameters:,} parameters needs {smallest / 2**30:.1f} GiB a device for "
-                f"its weights, gradients and optimizer state even with ZeRO-3 and CPU offload, more than "
-                f"{MODEL_STATES_SHARE:.0%} of the {device_memory_bytes / 2**30:.0f} GiB a device has "
-                "(TUNEQ_DEVICE_MEMORY_GIB): use more GPUs (num_gpus, num_nodes), LoRA (training.lora), "
+                f"a model of {size.parameters:,} parameters needs {smallest / 2**30:.1f} GiB a rank for "
+                f"its weights, gradients and optimizer state even with {least}, more than "
+                f"{MODEL_STATES_SHARE:.0%} of the {device_memory_bytes / 2**30:.1f} GiB a rank has "
+                f"({source}): use more GPUs (num_gpus, num_nodes), LoRA (training.lora), "
                 "or give a deepspeed_config"
             )
         chosen, memory = estimates[-1]
@@ -250,12 +268,13 @@ def choose_deepspeed_config(
         "zero_optimization": _zero_section(stage, offload_optimizer, offload_param),
     }
     logger.info(
-        "chose ZeRO-%d (offload optimizer %s, weights %s), %s, for %s parameters on %d ranks",
+        "chose ZeRO-%d (offload optimizer %s, weights %s), %s, for %s parameters on %d ranks of %.1f GiB",
         stage,
         offload_optimizer,
         offload_param,
         precision,
         f"{size.parameters:,}" if size else "an unknown number of",
         world_size,
+        device_memory_bytes / 2**30,
     )
     return ChosenDeepSpeedConfig(config=config, memory=memory)

@@ -178,9 +178,9 @@ class JobCreate(BaseModel):
     deepspeed_config: dict[str, Any] | None = Field(
         default=None,
         description="A DeepSpeed config, exactly as deepspeed.initialize takes it. Left out, tuneq chooses one "
-        "from the model's size, the workers' hardware and the world size (bf16, ZeRO-2 or ZeRO-3 and CPU offload "
-        "as memory requires, AdamW with warmup and linear decay), stored as the job's deepspeed_config with "
-        "deepspeed_config_chosen true.",
+        "from the model's size, the workers' hardware and the world size (bf16, or fp16 on GPUs without it, "
+        "ZeRO-2 or ZeRO-3 and CPU offload as memory requires, AdamW with warmup and linear decay), stored as the "
+        "job's deepspeed_config with deepspeed_config_chosen true.",
     )
     num_gpus: int = Field(
         default=1,

@@ -172,7 +172,7 @@ def submitted_deepspeed_config(
         num_gpus=job_in.num_gpus,
         num_nodes=job_in.num_nodes,
         training=job_in.training,
-        device_memory_bytes=settings.device_memory_bytes,
+        assumed_device_memory_bytes=settings.device_memory_bytes,
     ).config
 
 

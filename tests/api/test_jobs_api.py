@@ -17,7 +17,7 @@ from sqlmodel import Session, select
 
 from cli.samples import seed_config
 from shared.db.engine import get_engine
-from shared.db.lifecycle import finish_job, record_event
+from shared.db.lifecycle import finish_job, record_event, register_worker
 from shared.db.models import EventType, Job, JobStatus, Worker, utcnow
 from shared.jobs.run_layout import RunLayout
 
@@ -443,6 +443,41 @@ def test_a_job_without_deepspeed_config_gets_the_one_tuneq_chooses(
     assert given["deepspeed_config_chosen"] is False and given["deepspeed_config"] == body["deepspeed_config"]
 
 
+def test_the_chosen_config_fits_the_memory_and_precision_the_workers_recorded(
+    client: TestClient, body: dict[str, Any], model_dir: Path
+) -> None:
+    from tests.shared.deepspeed.test_chosen import LLAMA_7B
+
+    # A 1-GPU 16 GiB worker without native bf16 (a T4) and an 8-GPU 80 GiB one, as they register.
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_7B))
+    with Session(get_engine()) as session:
+        for worker_id, devices, gib, bf16 in (("t4", 1, 16, False), ("h100s", 8, 80, True)):
+            register_worker(
+                session=session,
+                worker_id=worker_id,
+                hostname=worker_id,
+                accelerator="cuda",
+                device_count=devices,
+                queue=f"tuneq-{devices}gpu",
+                device_memory_bytes=gib * 2**30,
+                bf16_supported=bf16,
+            )
+    without = {key: value for key, value in body.items() if key != "deepspeed_config"}
+    # One GPU: the job may run on the T4, so its weights and optimizer go to CPU memory, in fp16
+    # (TUNEQ_DEVICE_MEMORY_GIB's 80 would have kept the weights on the GPU, in bf16).
+    one = client.post("/jobs", json=without)
+    assert one.status_code == 201, one.text
+    chosen = one.json()["deepspeed_config"]
+    assert chosen["zero_optimization"]["stage"] == 3 and chosen["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert chosen["fp16"] == {"enabled": True} and chosen["bf16"] == {"enabled": False}
+    # Eight GPUs: only the 80 GiB worker can run it; ZeRO-2 fits there, in bf16.
+    eight = client.post("/jobs", json={**without, "num_gpus": 8})
+    assert eight.status_code == 201, eight.text
+    chosen = eight.json()["deepspeed_config"]
+    assert chosen["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in chosen["zero_optimization"]
+    assert chosen["bf16"] == {"enabled": True} and chosen["fp16"] == {"enabled": False}
+
+
 def test_a_model_too_large_for_any_choice_is_422_saying_what_to_change(
     client: TestClient, body: dict[str, Any], model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -456,4 +491,5 @@ def test_a_model_too_large_for_any_choice_is_422_saying_what_to_change(
     assert response.status_code == 422, response.text
     problem = response.json()["detail"][0]
     assert problem["loc"] == ["body", "deepspeed_config"] and "use more GPUs" in problem["msg"]
+    assert "TUNEQ_DEVICE_MEMORY_GIB: no worker has recorded its memory" in problem["msg"]
     assert job_count() == 0

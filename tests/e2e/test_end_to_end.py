@@ -318,6 +318,12 @@ def test_a_job_without_deepspeed_config_runs_the_config_tuneq_chooses(service: T
     # The tiny model on a CPU worker: ZeRO-2, nothing offloaded, bf16 (fp16 needs a GPU).
     assert chosen["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in chosen["zero_optimization"]
     assert chosen["bf16"] == {"enabled": True} and chosen["fp16"] == {"enabled": False}
+    # What the choice planned for: the worker recorded its host memory and bf16 when it started.
+    import sqlite3
+
+    with sqlite3.connect(service.home / "tuneq.sqlite") as db:
+        rows = db.execute("SELECT accelerator, device_memory_bytes, bf16_supported FROM workers").fetchall()
+    assert rows and all(a == "cpu" and memory > 0 and bf16 == 1 for a, memory, bf16 in rows), rows
     job = service.wait(job["id"])
     metrics = check_succeeded(service, job, steps=6)
     resolved = job["resolved_deepspeed_config"]

@@ -37,7 +37,9 @@ def test_hardware_problems() -> None:
     assert "num_gpus is 8 but this worker has 4 GPUs" in too_many.message and "at most 4" in too_many.message
     assert hardware_problems(num_gpus=2, deepspeed_config=seed_config(fp16=False), hardware=cpu) == []
     assert hardware_problems(num_gpus=64, deepspeed_config=seed_config(fp16=True), hardware=None) == []  # unknown
-    assert Hardware.most_of([cpu, gpu, Hardware("cpu", 16)]) == Hardware("cuda", 16, (2, 4, 16))
+    most = Hardware.most_of([cpu, gpu, Hardware("cpu", 16)])
+    assert most is not None and (most.accelerator, most.device_count, most.sizes) == ("cuda", 16, (2, 4, 16))
+    assert [w.device_count for w in most.able_to_run(4)] == [4, 16]  # the workers a 4-rank job may land on
     # A multi-node job needs num_nodes workers of its size; unknown sizes leave it to the workers.
     offered = Hardware.most_of([cpu, cpu, gpu])
     (nodes,) = hardware_problems(num_gpus=2, deepspeed_config={}, hardware=offered, num_nodes=4)

@@ -53,7 +53,7 @@ def choose(
         num_gpus=num_gpus,
         num_nodes=kw.pop("num_nodes", 1),
         training=kw.pop("training", TrainingOptions()),
-        device_memory_bytes=kw.pop("device_memory_bytes", 80 * GIB),
+        assumed_device_memory_bytes=kw.pop("assumed_device_memory_bytes", 80 * GIB),
         **kw,
     )
 
@@ -95,13 +95,13 @@ def test_a_7b_model_on_one_80gb_gpu_offloads_and_on_eight_fits_zero2() -> None:
     assert "offload_optimizer" not in eight.config["zero_optimization"]
     assert parses(eight, LLAMA_7B, 8).zero_stage == 2
     # Half the memory a device: ZeRO-2's unsharded weights and gradients no longer fit on 8.
-    smaller = choose(LLAMA_7B, CUDA_8, 8, device_memory_bytes=40 * GIB)
+    smaller = choose(LLAMA_7B, CUDA_8, 8, assumed_device_memory_bytes=40 * GIB)
     assert smaller.config["zero_optimization"]["stage"] == 3
     assert parses(smaller, LLAMA_7B, 8).zero_stage == 3
 
 
 def test_a_cpu_host_gets_bf16_never_fp16_and_no_offload() -> None:
-    chosen = choose(LLAMA_7B, CPU_2, 2, device_memory_bytes=200 * GIB)
+    chosen = choose(LLAMA_7B, CPU_2, 2, assumed_device_memory_bytes=200 * GIB)
     zero = chosen.config["zero_optimization"]
     assert "offload_optimizer" not in zero and "offload_param" not in zero
     batch = parses(chosen, LLAMA_7B, 2)
@@ -145,4 +145,71 @@ def test_a_batch_size_that_does_not_split_over_the_ranks_is_refused() -> None:
 
 def test_a_model_too_large_even_with_offload_is_refused_with_the_fix() -> None:
     with pytest.raises(DeepSpeedChoiceError, match="use more GPUs"):
-        choose(LLAMA_7B, CUDA_1, 1, device_memory_bytes=GIB // 2)
+        choose(LLAMA_7B, CUDA_1, 1, assumed_device_memory_bytes=GIB // 2)
+
+
+def gpus(count: int, memory_gib: float | None, *, bf16: bool | None = True) -> Hardware:
+    """One worker of ``count`` GPUs, as it records itself (None: a row from an older release)."""
+    memory = int(memory_gib * GIB) if memory_gib is not None else None
+    return Hardware("cuda", count, device_memory_bytes=memory, bf16_supported=bf16)
+
+
+def test_the_memory_the_workers_recorded_wins_over_the_setting() -> None:
+    # A 7B model on one 16 GiB T4 (no native bf16): even its weights do not stay on the GPU, and
+    # fp16, though the setting says 80 GiB (where the optimizer alone would go to the CPU).
+    t4 = Hardware.most_of([gpus(1, 16, bf16=False)])
+    chosen = choose(LLAMA_7B, t4, 1)
+    zero = chosen.config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    assert chosen.memory is not None and chosen.memory.per_device_bytes <= 0.6 * 16 * GIB
+    batch = parses(chosen, LLAMA_7B, 1)
+    assert (batch.zero_stage, batch.fp16, batch.bf16) == (3, True, False)
+    # Eight 24 GiB GPUs: ZeRO-2 (it fits eight 80 GiB ones) becomes ZeRO-3 with the optimizer offloaded.
+    eight = choose(LLAMA_7B, Hardware.most_of([gpus(8, 24)]), 8)
+    zero = eight.config["zero_optimization"]
+    assert zero["stage"] == 3 and "offload_optimizer" in zero and "offload_param" not in zero
+    assert eight.config["bf16"] == {"enabled": True}
+    assert parses(eight, LLAMA_7B, 8).zero_stage == 3
+
+
+def test_the_choice_fits_every_worker_that_could_run_the_job() -> None:
+    # A 1-GPU job may land on either worker, so it fits the 16 GiB one, in its fp16; an 8-GPU
+    # job runs on the 8-GPU worker only, in its 80 GiB and bf16.
+    deployment = Hardware.most_of([gpus(1, 16, bf16=False), gpus(8, 80)])
+    assert deployment is not None
+    assert deployment.memory_per_rank(1) == 16 * GIB and not deployment.supports_bf16(1)
+    assert deployment.memory_per_rank(8) == 80 * GIB and deployment.supports_bf16(8)
+    one = choose(LLAMA_7B, deployment, 1).config
+    assert "offload_param" in one["zero_optimization"] and one["fp16"] == {"enabled": True}
+    eight = choose(LLAMA_7B, deployment, 8).config
+    assert eight["zero_optimization"]["stage"] == 2 and eight["bf16"] == {"enabled": True}
+
+
+def test_workers_that_recorded_nothing_fall_back_to_the_setting_and_bf16() -> None:
+    older = Hardware.most_of([gpus(8, None, bf16=None)])
+    assert older is not None and older.memory_per_rank(8) is None and older.supports_bf16(8)
+    chosen = choose(LLAMA_7B, older, 8, assumed_device_memory_bytes=40 * GIB)
+    assert chosen.config["zero_optimization"]["stage"] == 3 and chosen.config["bf16"] == {"enabled": True}
+    # Beside a worker that did record its memory, an older row says nothing about memory.
+    mixed = Hardware.most_of([gpus(8, None, bf16=None), gpus(8, 24)])
+    assert mixed is not None and mixed.memory_per_rank(8) == 24 * GIB
+
+
+def test_the_ranks_of_a_cpu_worker_share_its_host_memory() -> None:
+    host = Hardware.most_of([Hardware("cpu", 16, device_memory_bytes=256 * GIB, bf16_supported=True)])
+    assert host is not None and host.memory_per_rank(1) == 256 * GIB and host.memory_per_rank(4) == 64 * GIB
+    one = choose(LLAMA_7B, host, 1)
+    assert one.config["zero_optimization"]["stage"] == 2 and one.config["bf16"] == {"enabled": True}
+    four = choose(LLAMA_7B, host, 4)
+    zero = four.config["zero_optimization"]
+    assert zero["stage"] == 3 and "offload_optimizer" not in zero  # nothing to offload to on a CPU worker
+    small = Hardware.most_of([Hardware("cpu", 16, device_memory_bytes=64 * GIB, bf16_supported=True)])
+    refusal = r"even with ZeRO-3, more than 60% of the 64.0 GiB a rank has \(as recorded"
+    with pytest.raises(DeepSpeedChoiceError, match=refusal):
+        choose(LLAMA_7B, small, 1)
+
+
+def test_an_explicit_precision_is_kept_on_gpus_without_bf16() -> None:
+    v100s = Hardware.most_of([gpus(8, 32, bf16=False)])
+    chosen = choose(TINY_GPT_NEO, v100s, 8, training=TrainingOptions(precision="bf16"))
+    assert chosen.config["bf16"] == {"enabled": True} and chosen.config["fp16"] == {"enabled": False}
