@@ -194,7 +194,7 @@ def test_downgrading_pause_keeps_paused_and_pausing_jobs_alive(engine: Engine) -
     from shared.db.models import Job, JobStatus, utcnow
 
     config = alembic_config(engine.url)
-    command.upgrade(config, "0013")
+    command.upgrade(config, "head")  # the rows are written as the code writes them; later downgrades run first
     with Session(engine) as session:
         for name, status in (("pausing", JobStatus.pausing), ("paused", JobStatus.paused)):
             job = Job(name=name, status=status, model="m", dataset="d", deepspeed_config={}, num_gpus=1, training={})
