@@ -54,6 +54,7 @@ from worker.ingest import EventIngestor
 from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import ONE_NODE, Launcher, NodePlacement, RankGroup
 from worker.publisher import ArtifactPublisher, GangNode
+from worker.results_file import publish_results_file
 from worker.start_from import ConversionFailed, start_point
 
 logger = logging.getLogger(__name__)
@@ -817,6 +818,8 @@ def _record_outcome(
                     node_rank=attempt.placement.node_rank if attempt.node is not None else None,
                 )
                 return
+            if ending.status == JobStatus.succeeded:
+                _publish_results(attempt)
             with session_scope() as session:
                 finish_job(
                     session=session,
@@ -834,6 +837,15 @@ def _record_outcome(
         if ending.status == JobStatus.succeeded:
             logger.info("job %s succeeded", attempt.job_id)
         return
+
+
+def _publish_results(attempt: Attempt) -> None:
+    """The job's results file, before it is marked succeeded (a client that sees it succeed finds
+    it). The store failing here costs the file, not the job: its metrics stay in SQL."""
+    try:
+        publish_results_file(job_id=attempt.job_id, store=attempt.store)
+    except ArtifactStoreError as e:
+        logger.warning("job %s: no results file (the artifact store: %s)", attempt.job_id, e)
 
 
 def _clean_exit(attempt: Attempt) -> Ending:

@@ -22,7 +22,7 @@ from api.strict_json import text_problem
 from api.v1.pages import past_cursor
 from shared.artifacts.store import file_key
 from shared.data.records import DatasetError, check_openai_chat_file
-from shared.data.uploaded_files import is_file_id, new_file_id
+from shared.data.uploaded_files import RESULTS_PURPOSE, UPLOAD_PURPOSE, is_file_id, new_file_id
 from shared.db.models import File, FileListPublic, FilePublic
 from shared.settings import Settings
 
@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 # The purposes tuneq keeps files for: OpenAI's others (assistants, batch, vision, ...) serve
 # products tuneq does not have.
-FILE_PURPOSES = ("fine-tune",)
+FILE_PURPOSES = (UPLOAD_PURPOSE,)
+# What a list may be filtered by: the uploads, and the results files the jobs made.
+LISTED_PURPOSES = (UPLOAD_PURPOSE, RESULTS_PURPOSE)
 MAX_FILENAME_CHARS = 255  # File.filename's column
 COPY_CHUNK_BYTES = 1024 * 1024
 MAX_LIST_LIMIT = 10_000  # OpenAI's bound (and default) for one page of files
@@ -140,7 +142,7 @@ def list_files(
     created, ident = col(File.created_at), col(File.id)
     query = select(File).where(File.owner == owner)
     if purpose is not None:
-        if purpose not in FILE_PURPOSES:
+        if purpose not in LISTED_PURPOSES:
             return FileListPublic(data=[], first_id=None, last_id=None, has_more=False)
         query = query.where(File.purpose == purpose)
     if after is not None:

@@ -93,7 +93,7 @@ def create_fine_tuning_job(
         raise OpenAIHTTPException(409, str(e), param="Idempotency-Key") from None
     except jobs_service.ActiveJobLimitError as e:
         raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded") from None
-    return service.fine_tuning_job_public(job)
+    return service.fine_tuning_job_public(job, session=session)
 
 
 @router.get(
@@ -120,7 +120,7 @@ def list_fine_tuning_jobs(
 
 @router.get("/{fine_tuning_job_id}", response_model=FineTuningJobPublic, responses=NOT_FOUND)
 def retrieve_fine_tuning_job(fine_tuning_job_id: str, session: ReadSessionDep, owner: OwnerDep) -> FineTuningJobPublic:
-    return service.fine_tuning_job_public(_job_or_404(session, fine_tuning_job_id, owner))
+    return service.fine_tuning_job_public(_job_or_404(session, fine_tuning_job_id, owner), session=session)
 
 
 def _change_job(
@@ -137,7 +137,7 @@ def _change_job(
     except jobs_service.ActiveJobLimitError as e:
         raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded") from None
     request.app.state.job_cache.forget(job.id)
-    return service.fine_tuning_job_public(job)
+    return service.fine_tuning_job_public(job, session=session)
 
 
 @router.post(

@@ -154,7 +154,7 @@ class FineTuningJobPublic(BaseModel):
     validation_file: str | None
     hyperparameters: ResolvedHyperparameters
     method: ResolvedMethod
-    result_files: list[str]
+    result_files: list[str]  # file ids: the job's per-step metrics as CSV, once it succeeded
     trained_tokens: int | None
     error: FineTuningJobError | None
     seed: int

@@ -325,7 +325,26 @@ def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
     )
 
 
-def fine_tuning_job_public(job: Job) -> FineTuningJobPublic:
+def results_files(*, session: Session, jobs: Sequence[Job]) -> dict[uuid.UUID, list[str]]:
+    """The results files of each of ``jobs`` (one query): OpenAI's ``result_files``."""
+    found: dict[uuid.UUID, list[str]] = {job.id: [] for job in jobs}
+    query = select(File.job_id, File.id).where(col(File.job_id).in_(list(found))).order_by(col(File.created_at))
+    for job_id, file_id in session.exec(query):
+        if job_id is not None:
+            found[job_id].append(file_id)
+    return found
+
+
+def fine_tuning_job_public(job: Job, *, session: Session) -> FineTuningJobPublic:
+    return fine_tuning_jobs_public([job], session=session)[0]
+
+
+def fine_tuning_jobs_public(jobs: Sequence[Job], *, session: Session) -> list[FineTuningJobPublic]:
+    files = results_files(session=session, jobs=jobs)
+    return [_job_public(job, result_files=files[job.id]) for job in jobs]
+
+
+def _job_public(job: Job, *, result_files: list[str]) -> FineTuningJobPublic:
     hyperparameters = job_hyperparameters(job)
     succeeded = job.status == JobStatus.succeeded
     estimated_finish = None
@@ -349,7 +368,7 @@ def fine_tuning_job_public(job: Job) -> FineTuningJobPublic:
         validation_file=job.validation_dataset,
         hyperparameters=hyperparameters,
         method=ResolvedMethod(supervised=ResolvedSupervisedMethod(hyperparameters=hyperparameters)),
-        result_files=[],
+        result_files=result_files,
         trained_tokens=job.tokens_seen if succeeded else None,
         error=error,
         seed=TrainingOptions.model_validate(job.training).seed,
@@ -382,7 +401,8 @@ def list_fine_tuning_jobs(
             past_cursor(created, ident, cursor_created=cursor.created_at, cursor_id=cursor.id, newest_first=True)
         )
     rows = session.exec(query.order_by(created.desc(), ident.desc()).limit(limit + 1)).all()
-    return FineTuningJobListPublic(data=[fine_tuning_job_public(j) for j in rows[:limit]], has_more=len(rows) > limit)
+    page = fine_tuning_jobs_public(rows[:limit], session=session)
+    return FineTuningJobListPublic(data=page, has_more=len(rows) > limit)
 
 
 def _metric_text(data: dict[str, Any], total_steps: int | None) -> str:

@@ -21,6 +21,8 @@ from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+UPLOAD_PURPOSE = "fine-tune"  # what POST /v1/files takes
+RESULTS_PURPOSE = "fine-tune-results"  # a succeeded job's metrics (OpenAI's result_files)
 ID_ALPHABET = string.ascii_letters + string.digits
 ID_CHARS = 24  # ~143 random bits, as long as OpenAI's own file ids
 # Any id tuneq could have made; anything else is not a file id (and never reaches SQL, where a

@@ -365,6 +365,9 @@ class File(FileBase, table=True):
     # Who uploaded it (an API key's owner): other owners' requests never see it.
     owner: str = Field(max_length=200, index=True)
     sha256: str = Field(max_length=64)
+    # The job whose results it is (purpose "fine-tune-results": its per-step metrics as CSV, made
+    # by the worker as the job succeeds); None for an upload.
+    job_id: uuid.UUID | None = Field(default=None, index=True)
     # Its records, counted as they were checked: what "auto" hyperparameters are resolved from.
     # None for a file uploaded before tuneq counted them (counted when a job first needs it).
     records: int | None = None

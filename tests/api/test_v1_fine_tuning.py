@@ -21,7 +21,17 @@ from sqlmodel import Session, func, select
 
 from api.v1.hyperparameters import pretraining_learning_rate
 from shared.db.engine import get_engine
-from shared.db.models import Checkpoint, CheckpointKind, EventType, Job, JobEvent, JobMetric, JobStatus, utcnow
+from shared.db.models import (
+    Checkpoint,
+    CheckpointKind,
+    EventType,
+    File,
+    Job,
+    JobEvent,
+    JobMetric,
+    JobStatus,
+    utcnow,
+)
 
 RECORD = {
     "messages": [
@@ -289,9 +299,23 @@ def test_a_running_job_s_metrics_checkpoints_and_outcome_read_as_openai_s(client
         assert [c["step_number"] for c in after["data"]] == [2]
         row.status, row.finished_at, row.tokens_seen = JobStatus.succeeded, utcnow() + timedelta(seconds=1), 1234
         session.add(row)
+        results = File(
+            id="file-" + "r" * 24,
+            owner="local",
+            filename="step_metrics.csv",
+            purpose="fine-tune-results",
+            bytes=1,
+            sha256="0" * 64,
+            job_id=job_id,
+        )
+        session.add(results)
         session.commit()
     done = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
     assert done["status"] == "succeeded" and done["trained_tokens"] == 1234
+    assert done["result_files"] == [results.id]
+    assert [j["result_files"] for j in client.get("/v1/fine_tuning/jobs").json()["data"]] == [[results.id]]
+    listed = client.get("/v1/files", params={"purpose": "fine-tune-results"}).json()["data"]
+    assert [f["id"] for f in listed] == [results.id]
     assert done["fine_tuned_model"] == f"ft:model:local:s1:{job_id.hex[:12]}"
     assert done["finished_at"] >= done["created_at"] and done["estimated_finish"] is None
 

@@ -161,6 +161,13 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     assert done.fine_tuned_model is not None and done.fine_tuned_model.startswith("ft:tiny-gpt-neo:")
     assert ":weather:" in done.fine_tuned_model and done.trained_tokens and done.finished_at
     assert done.seed == 3 and done.metadata == {"team": "forecast"}
+    # Its results file: the loss of every step, as CSV.
+    (results,) = done.result_files
+    table = alice.files.content(results).read().decode().splitlines()
+    assert table[0].startswith("step,train_loss,") and [row.split(",")[0] for row in table[1:]] == [
+        str(step) for step in range(1, 9)
+    ]
+    assert alice.files.retrieve(results).purpose == "fine-tune-results"
 
     # Every event once, newest first, following the SDK's own paging (limit 3, after=<last id>).
     events = list(alice.fine_tuning.jobs.list_events(job.id, limit=3))
