@@ -205,7 +205,8 @@ def create_fine_tuning_job(
     The job trains ``n_epochs`` over the training file in batches of ``batch_size`` examples
     split over as many of a worker's devices as divide it, at ``learning_rate_multiplier`` x
     the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
-    checkpoint every epoch and keeping the last three (as OpenAI does). Raises
+    checkpoint every epoch and keeping the last three (as OpenAI does), and measuring the
+    validation file's loss every epoch. Raises
     FineTuningRequestError, or create_job's errors."""
     requested, where = _requested_hyperparameters(request)
     if request.integrations:
@@ -241,6 +242,8 @@ def create_fine_tuning_job(
             learning_rate=resolved.learning_rate_multiplier * base_rate,
             checkpoint_every_steps=steps_per_epoch,
             keep_checkpoints=KEPT_CHECKPOINTS,
+            # The validation file's loss at each epoch's end (OpenAI's full_valid_loss).
+            eval_every_steps=steps_per_epoch if request.validation_file is not None else None,
         ),
     )
     fine_tuning = {

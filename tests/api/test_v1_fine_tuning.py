@@ -144,6 +144,7 @@ def test_given_hyperparameters_set_the_batch_layout_and_the_learning_rate(client
     # No worker seen: one device, so each step is 12 examples as micro-batches of 6, twice.
     assert (training["micro_batch_size"], training["gradient_accumulation_steps"]) == (6, 2)
     assert training["learning_rate"] == pytest.approx(0.5 * pretraining_learning_rate({}))
+    assert training["eval_every_steps"] == training["checkpoint_every_steps"] == 3  # 40 examples / 12: each epoch
     # The deprecated top-level place works too.
     top = create(client, model=str(model_dir), training_file=file_id, hyperparameters={"n_epochs": 1})
     assert top.status_code == 200 and top.json()["hyperparameters"]["n_epochs"] == 1
