@@ -186,6 +186,16 @@ def training_examples(*, session: Session, settings: Settings, file: File) -> in
     return file.records
 
 
+def _gpus_per_job(*, session: Session, settings: Settings) -> int:
+    """The GPUs an OpenAI-style job may spread its batch over: the largest live worker's. One
+    on CPU workers, whose "devices" are cores: ranks there share the host's memory and cores,
+    and one rank with all of them runs a small model fastest."""
+    hardware = deployment_hardware(session=session, settings=settings)
+    if hardware is None or hardware.accelerator == "cpu":
+        return 1
+    return hardware.device_count
+
+
 def request_fingerprint(request: FineTuningJobCreate) -> str:
     """Of the request as sent: the job it makes holds values chosen per request (a random seed)."""
     canonical = request.model_dump_json(exclude_unset=True)
@@ -203,7 +213,7 @@ def create_fine_tuning_job(
     """Translate an OpenAI request into a native job and create it through ``create_job``.
 
     The job trains ``n_epochs`` over the training file in batches of ``batch_size`` examples
-    split over as many of a worker's devices as divide it, at ``learning_rate_multiplier`` x
+    split over as many of a GPU worker's devices as divide it (one rank on CPU workers), at ``learning_rate_multiplier`` x
     the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
     checkpoint every epoch and keeping the last three (as OpenAI does), and measuring the
     validation file's loss every epoch. Raises
@@ -223,8 +233,7 @@ def create_fine_tuning_job(
         resolved = resolve_hyperparameters(requested, examples=examples, param_prefix=where)
     except HyperparameterError as e:
         raise FineTuningRequestError(str(e), param=e.param) from None
-    hardware = deployment_hardware(session=session, settings=settings)
-    layout = batch_layout(resolved.batch_size, devices=hardware.device_count if hardware else 1)
+    layout = batch_layout(resolved.batch_size, devices=_gpus_per_job(session=session, settings=settings))
     base_rate = pretraining_learning_rate(local_model_config(request.model))
     seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
     steps_per_epoch = max(1, examples // resolved.batch_size)

@@ -399,3 +399,30 @@ def test_pause_resume_and_cancel_a_queued_job(client: TestClient, model_dir: Pat
     ]
     for action in ("pause", "resume"):
         assert error_of(client.post(f"/v1/fine_tuning/jobs/ftjob-{'0' * 32}/{action}"), 404)["param"] == "id"
+
+
+@pytest.mark.parametrize(("accelerator", "devices", "layout"), [("cuda", 8, (6, 2, 1)), ("cpu", 16, (1, 6, 2))])
+def test_a_batch_spreads_over_a_gpu_worker_and_stays_one_rank_on_a_cpu_one(
+    client: TestClient, model_dir: Path, accelerator: str, devices: int, layout: tuple[int, int, int]
+) -> None:
+    from shared.db.lifecycle import register_worker
+
+    with Session(get_engine()) as session:
+        register_worker(
+            session=session,
+            worker_id="w1",
+            hostname="h",
+            accelerator=accelerator,
+            device_count=devices,
+            queue=f"tuneq-{devices}gpu",
+            device_memory_bytes=80 * 2**30,
+            bf16_supported=True,
+        )
+    hyperparameters = {"batch_size": 12}
+    job = create(
+        client, model=str(model_dir), training_file=upload(client, records=40), hyperparameters=hyperparameters
+    )
+    assert job.status_code == 200, job.text
+    same = native(client, job.json()["id"])
+    training = same["training"]
+    assert (same["num_gpus"], training["micro_batch_size"], training["gradient_accumulation_steps"]) == layout
