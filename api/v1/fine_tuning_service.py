@@ -213,8 +213,8 @@ def create_fine_tuning_job(
     """Translate an OpenAI request into a native job and create it through ``create_job``.
 
     The job trains ``n_epochs`` over the training file in batches of ``batch_size`` examples
-    split over as many of a GPU worker's devices as divide it (one rank on CPU workers), at ``learning_rate_multiplier`` x
-    the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
+    split over as many of a GPU worker's devices as divide it (one rank on CPU workers), at
+    ``learning_rate_multiplier`` x the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
     checkpoint every epoch and keeping the last three (as OpenAI does), and measuring the
     validation file's loss every epoch. Raises
     FineTuningRequestError, or create_job's errors."""
