@@ -14,16 +14,13 @@ import hashlib
 import logging
 import re
 import secrets
-import tempfile
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session, col, select
 
-from api.artifact_download import artifact_store
 from api.jobs_service import create_job, deployment_hardware, get_job
 from api.v1.files_service import get_file
 from api.v1.fine_tuning_objects import (
@@ -52,8 +49,8 @@ from api.v1.hyperparameters import (
     resolve_hyperparameters,
 )
 from api.v1.pages import past_cursor
-from shared.artifacts.store import file_key
 from shared.data.records import check_openai_chat_file
+from shared.data.uploaded_files import uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, JobStatus
 from shared.jobs.spec import JobCreate, TrainingOptions
@@ -177,10 +174,8 @@ def training_examples(*, session: Session, settings: Settings, file: File) -> in
     """The records of an uploaded file, counted at upload (or now, once, for a file uploaded
     before tuneq counted them)."""
     if file.records is None:
-        with tempfile.TemporaryDirectory(prefix="tuneq-count-") as scratch:
-            copy = Path(scratch) / "file.jsonl"
-            artifact_store(settings).get_file(file_key(file.id), copy, sha256=file.sha256)
-            file.records = check_openai_chat_file(copy)
+        # This host's checked copy, the one the plan reads too.
+        file.records = check_openai_chat_file(uploaded_file_path(file.id, settings=settings))
         session.add(file)
         session.commit()
     return file.records

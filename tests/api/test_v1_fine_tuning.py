@@ -426,3 +426,18 @@ def test_a_batch_spreads_over_a_gpu_worker_and_stays_one_rank_on_a_cpu_one(
     same = native(client, job.json()["id"])
     training = same["training"]
     assert (same["num_gpus"], training["micro_batch_size"], training["gradient_accumulation_steps"]) == layout
+
+
+def test_a_file_uploaded_before_records_were_counted_is_counted_once(client: TestClient, model_dir: Path) -> None:
+    file_id = upload(client, records=40)
+    with Session(get_engine()) as session:
+        row = session.get(File, file_id)
+        assert row is not None
+        row.records = None  # as migration 0014 leaves a file uploaded before it
+        session.add(row)
+        session.commit()
+    job = create(client, model=str(model_dir), training_file=file_id).json()
+    assert job["hyperparameters"]["n_epochs"] == 3  # 40 examples: 3 epochs see at least 100
+    with Session(get_engine()) as session:
+        counted = session.get(File, file_id)
+        assert counted is not None and counted.records == 40
