@@ -37,10 +37,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``make test`` distributes by group (``--dist loadgroup``): a file's tests stay in one test
     process, so a service its module fixture starts is started once, except in files marked
     ``spread``, whose tests each start their own services and mostly wait (for a lease to
-    expire, a store to come back): those go one by one to whichever process is free."""
+    expire, a store to come back): those go one by one to whichever process is free, except
+    the ones a spread file groups itself (``xdist_group``) around a service they share."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
-        if item.get_closest_marker("spread") is None:
+        if item.get_closest_marker("spread") is None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
 
 

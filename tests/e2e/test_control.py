@@ -71,12 +71,17 @@ def wait_for(predicate: Any, *, timeout: float, what: str, service: Tuneq) -> An
     raise TimeoutError(f"{what}\n{service.log_tail()}")
 
 
-@pytest.fixture
-def redis_db(redis_url: str) -> str:
-    import redis
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, data: Path, redis_url: str) -> Iterator[Tuneq]:
+    """One service (Redis as the broker) for the tests that neither kill its processes nor need
+    settings of their own: each starts in ~10 s, most of it the warm start's imports."""
+    tuneq = service(tmp_path_factory.mktemp("shared"), data, TUNEQ_BROKER_URL=redis_url).start()
+    yield tuneq
+    tuneq.stop()
 
-    redis.Redis.from_url(redis_url).flushdb()
-    return redis_url
+
+# The tests on `shared` run one after the other in one test process; the others spread out.
+on_shared_service = pytest.mark.xdist_group("test_control-shared")
 
 
 @pytest.fixture
@@ -84,35 +89,31 @@ def pg(postgres_url: str) -> str:
     return fresh_postgres_schema(postgres_url)
 
 
-def test_cancel_stops_every_rank_within_the_grace_period(tmp_path: Path, data: Path) -> None:
-    tuneq = service(tmp_path, data).start()
-    try:
-        job = tuneq.submit(long_job(data))
-        queued_behind = tuneq.submit(long_job(data))  # one job per worker: this one waits
-        wait_for(lambda: tuneq.job(job["id"])["step"] >= 3, timeout=180, what="no steps", service=tuneq)
-        ranks = tuneq.ranks_of(job["id"])
-        assert ranks, "no rank processes found"
-        assert tuneq.client.post(f"/jobs/{queued_behind['id']}/cancel").json()["status"] == "cancelled"
-        started = time.monotonic()
-        answer = tuneq.client.post(f"/jobs/{job['id']}/cancel").json()
-        assert answer["status"] in ("cancelling", "cancelled")
-        done = tuneq.wait(job["id"], timeout=60)
-        assert done["status"] == "cancelled" and done["error"]["code"] == "cancelled"
-        assert time.monotonic() - started < 20  # the grace period
-        assert wait_gone(ranks, timeout=5) == []
-        assert tuneq.client.post(f"/jobs/{job['id']}/cancel").status_code == 200
-        statuses = [
-            e["data"]["status"]
-            for e in tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
-            if e["type"] == "status"
-        ]
-        assert statuses == ["queued", "running", "cancelling", "cancelled"]
-        # The worker is free again and never restarts a cancelled job.
-        short = tuneq.wait(tuneq.submit(body(data, max_steps=3))["id"], timeout=120)
-        assert short["status"] == "succeeded"
-        assert tuneq.job(job["id"])["status"] == "cancelled" and tuneq.job(job["id"])["attempts"] == 1
-    finally:
-        tuneq.stop()
+@on_shared_service
+def test_cancel_stops_every_rank_within_the_grace_period(shared: Tuneq, data: Path) -> None:
+    tuneq = shared
+    job = tuneq.submit(long_job(data))
+    queued_behind = tuneq.submit(long_job(data))  # one job per worker: this one waits
+    wait_for(lambda: tuneq.job(job["id"])["step"] >= 3, timeout=180, what="no steps", service=tuneq)
+    ranks = tuneq.ranks_of(job["id"])
+    assert ranks, "no rank processes found"
+    assert tuneq.client.post(f"/jobs/{queued_behind['id']}/cancel").json()["status"] == "cancelled"
+    started = time.monotonic()
+    answer = tuneq.client.post(f"/jobs/{job['id']}/cancel").json()
+    assert answer["status"] in ("cancelling", "cancelled")
+    done = tuneq.wait(job["id"], timeout=60)
+    assert done["status"] == "cancelled" and done["error"]["code"] == "cancelled"
+    assert time.monotonic() - started < 20  # the grace period
+    assert wait_gone(ranks, timeout=5) == []
+    assert tuneq.client.post(f"/jobs/{job['id']}/cancel").status_code == 200
+    statuses = [
+        e["data"]["status"] for e in tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"] if e["type"] == "status"
+    ]
+    assert statuses == ["queued", "running", "cancelling", "cancelled"]
+    # The worker is free again and never restarts a cancelled job.
+    short = tuneq.wait(tuneq.submit(body(data, max_steps=3))["id"], timeout=120)
+    assert short["status"] == "succeeded"
+    assert tuneq.job(job["id"])["status"] == "cancelled" and tuneq.job(job["id"])["attempts"] == 1
 
 
 def all_events(tuneq: Tuneq, job_id: str) -> list[dict[str, Any]]:
@@ -122,9 +123,10 @@ def all_events(tuneq: Tuneq, job_id: str) -> list[dict[str, Any]]:
     return events
 
 
-def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(tmp_path: Path, data: Path) -> None:
-    tuneq = service(tmp_path, data).start()
-    database = create_engine(f"sqlite:///{tmp_path / 'home' / 'tuneq.sqlite'}")
+@on_shared_service
+def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(shared: Tuneq, data: Path) -> None:
+    tuneq = shared
+    database = create_engine(f"sqlite:///{tuneq.home / 'tuneq.sqlite'}")
     try:
         steps = 200  # enough that the pause comes long before the end
         job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=50))
@@ -147,7 +149,8 @@ def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(tmp_pat
         def worker_idle() -> bool:
             with database.connect() as conn:
                 idle = conn.execute(text("SELECT count(*) FROM workers WHERE idle_since IS NOT NULL")).scalar()
-                holder = conn.execute(text("SELECT worker_id, lease_expires_at FROM jobs")).one()
+                query = text("SELECT worker_id, lease_expires_at FROM jobs WHERE id = :id")
+                holder = conn.execute(query, {"id": job["id"].replace("-", "")}).one()
             return idle == 1 and tuple(holder) == (None, None)
 
         wait_for(worker_idle, timeout=30, what="the worker never became idle", service=tuneq)
@@ -169,25 +172,21 @@ def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(tmp_pat
         assert statuses == ["queued", "running", "pausing", "paused", "queued", "running", "succeeded"]
     finally:
         database.dispose()
-        tuneq.stop()
 
 
-def test_timeout_fails_the_job(tmp_path: Path, data: Path) -> None:
-    tuneq = service(tmp_path, data).start()
-    try:
-        job = tuneq.wait(tuneq.submit(long_job(data, max_duration_seconds=8))["id"], timeout=120)
-        assert job["status"] == "failed" and job["error"]["code"] == "timeout"
-        assert "max_duration_seconds" in job["error"]["message"]
-    finally:
-        tuneq.stop()
+@on_shared_service
+def test_timeout_fails_the_job(shared: Tuneq, data: Path) -> None:
+    job = shared.wait(shared.submit(long_job(data, max_duration_seconds=8))["id"], timeout=120)
+    assert job["status"] == "failed" and job["error"]["code"] == "timeout"
+    assert "max_duration_seconds" in job["error"]["message"]
 
 
 def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
-    tmp_path: Path, data: Path, pg: str, redis_db: str, loopback_s3: LoopbackS3
+    tmp_path: Path, data: Path, pg: str, redis_url: str, loopback_s3: LoopbackS3
 ) -> None:
     """The new worker is on another "host": an empty TUNEQ_HOME, the checkpoint comes from S3."""
     store = s3_artifacts_env(loopback_s3, "killed")
-    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_db, **store).start()
+    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_url, **store).start()
     try:
         # Enough steps that the kill comes long before the end; checkpoints often enough that
         # the first comes early.
@@ -372,8 +371,8 @@ def test_a_job_submitted_while_the_broker_is_down_runs_once_it_is_back(
         stop_redis()
 
 
-def test_a_redelivered_message_does_not_run_the_job_twice(tmp_path: Path, data: Path, redis_db: str) -> None:
-    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_db, TUNEQ_REDIS_VISIBILITY_TIMEOUT_SECONDS="2")
+def test_a_redelivered_message_does_not_run_the_job_twice(tmp_path: Path, data: Path, redis_url: str) -> None:
+    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_url, TUNEQ_REDIS_VISIBILITY_TIMEOUT_SECONDS="2")
     tuneq.start(workers=2)
     try:
         job = tuneq.submit(body(data, epochs=100, max_steps=300))
@@ -403,29 +402,27 @@ def read_sse(response: httpx.Response, *, until: Any) -> list[dict[str, Any]]:
     return events
 
 
-def test_sse_shows_metrics_live_and_resumes_after_last_event_id(tmp_path: Path, data: Path, redis_db: str) -> None:
-    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_db).start()
-    try:
-        job = tuneq.submit(body(data, epochs=100, max_steps=400))
-        url = f"/jobs/{job['id']}/events/stream"
-        with tuneq.client.stream("GET", url, timeout=120) as response:
-            seen = read_sse(response, until=lambda evs: sum(e["event"] == "metric" for e in evs) >= 3)
-        assert tuneq.job(job["id"])["status"] == "running"  # live, not after the fact
-        last = seen[-1]["id"]
-        with tuneq.client.stream("GET", url, headers={"Last-Event-ID": str(last)}, timeout=300) as response:
-            rest = read_sse(response, until=lambda evs: False)  # to the end of the stream
-        assert rest[-1]["event"] == "status" and rest[-1]["data"]["data"]["status"] == "succeeded"
-        stored = []
-        cursor = last
-        while True:
-            page = tuneq.get(f"/jobs/{job['id']}/events?after={cursor}&limit=1000")
-            stored += page["data"]
-            if page["next_cursor"] is None:
-                break
-            cursor = page["next_cursor"]
-        assert [e["id"] for e in rest] == [e["id"] for e in stored]  # exactly the events after it
-        assert [e["id"] for e in seen + rest] == sorted({e["id"] for e in seen + rest})
-        progress = tuneq.job(job["id"])
-        assert progress["total_steps"] == 400 and progress["epoch"] is not None and progress["tokens_seen"] > 0
-    finally:
-        tuneq.stop()
+@on_shared_service
+def test_sse_shows_metrics_live_and_resumes_after_last_event_id(shared: Tuneq, data: Path) -> None:
+    tuneq = shared
+    job = tuneq.submit(body(data, epochs=100, max_steps=400))
+    url = f"/jobs/{job['id']}/events/stream"
+    with tuneq.client.stream("GET", url, timeout=120) as response:
+        seen = read_sse(response, until=lambda evs: sum(e["event"] == "metric" for e in evs) >= 3)
+    assert tuneq.job(job["id"])["status"] == "running"  # live, not after the fact
+    last = seen[-1]["id"]
+    with tuneq.client.stream("GET", url, headers={"Last-Event-ID": str(last)}, timeout=300) as response:
+        rest = read_sse(response, until=lambda evs: False)  # to the end of the stream
+    assert rest[-1]["event"] == "status" and rest[-1]["data"]["data"]["status"] == "succeeded"
+    stored = []
+    cursor = last
+    while True:
+        page = tuneq.get(f"/jobs/{job['id']}/events?after={cursor}&limit=1000")
+        stored += page["data"]
+        if page["next_cursor"] is None:
+            break
+        cursor = page["next_cursor"]
+    assert [e["id"] for e in rest] == [e["id"] for e in stored]  # exactly the events after it
+    assert [e["id"] for e in seen + rest] == sorted({e["id"] for e in seen + rest})
+    progress = tuneq.job(job["id"])
+    assert progress["total_steps"] == 400 and progress["epoch"] is not None and progress["tokens_seen"] > 0

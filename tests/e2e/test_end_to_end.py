@@ -198,9 +198,6 @@ def test_postgres_and_redis_with_separate_api_and_worker(
 ) -> None:
     """The production stack on two "hosts" that share no disk: the API and the worker have
     their own TUNEQ_HOME, artifacts go to S3, and the model comes back over HTTP."""
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
     env = {
         "TUNEQ_DATABASE_URL": fresh_postgres_schema(postgres_url),
         "TUNEQ_BROKER_URL": redis_url,

@@ -35,9 +35,6 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, data: Path, postgres_url: str, redis_url: str, loopback_s3: LoopbackS3
 ) -> Iterator[Tuneq]:
     """An API and three workers: two-node jobs, and two of them at once."""
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
     tuneq = start_cluster(
         tmp_path_factory.mktemp("cluster"),
         data,
