@@ -3,7 +3,9 @@ their exit, and a launcher whose zygote cannot come up uses DeepSpeed's launcher
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +103,24 @@ def test_a_zygote_that_cannot_start_means_deepspeeds_launcher(tmp_path: Path, mo
         assert replacement.usable(timeout=300)
     finally:
         ranks_launcher.close()
+
+
+PRELOAD_PROBE = """
+import json, sys
+from worker.rank.zygote import preload_modules
+modules = preload_modules()
+import torch
+print(json.dumps({"asked": modules, "missing": [m for m in modules if m not in sys.modules],
+                  "cuda": torch.cuda.is_initialized()}))
+"""
+
+
+def test_the_zygote_imports_what_deepspeeds_engine_imports_late_on_a_cpu_host() -> None:
+    """DeepSpeed imports its Muon optimizer (and with it torch's inductor, ~2 s of CPU) inside
+    every engine's optimizer check: on the CPU accelerator the zygote has, for its ranks."""
+    env = launcher.rank_environment(CPU, num_ranks=1, worker_pid=os.getpid())
+    done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "deepspeed.runtime.zero.muon.muon_optimizer" in probe["asked"]
+    assert probe["missing"] == [] and probe["cuda"] is False

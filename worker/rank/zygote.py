@@ -39,6 +39,23 @@ PRELOAD = (
     "worker.rank.model_loading",
     "shared.data.prepared",
 )
+# Imported once more on the CPU accelerator only: DeepSpeed imports its Muon optimizer (whose
+# torch.compile decorators import torch's inductor) in every engine's optimizer check, about 2 s
+# of CPU per rank. Not on a GPU host: inductor's import may ask the CUDA runtime about devices,
+# which a parent of forked CUDA ranks must not do.
+CPU_PRELOAD = ("deepspeed.runtime.zero.muon.muon_optimizer",)
+
+
+def preload_modules() -> list[str]:
+    """Import PRELOAD, and CPU_PRELOAD on the CPU accelerator; the modules imported."""
+    from deepspeed.accelerator import get_accelerator
+
+    modules = list(PRELOAD)
+    if get_accelerator().device_name() == "cpu":
+        modules += CPU_PRELOAD
+    for module in modules:
+        __import__(module)
+    return modules
 
 
 def serve() -> None:
@@ -46,8 +63,7 @@ def serve() -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what the imports (and anything else) print goes to the log, not the protocol
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker, which decides
-    for module in PRELOAD:
-        __import__(module)
+    preload_modules()
     import torch
 
     preload_ops()
