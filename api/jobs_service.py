@@ -52,14 +52,26 @@ logger = logging.getLogger(__name__)
 
 def deployment_hardware(*, session: Session, settings: Settings) -> Hardware | None:
     """The most the workers seen lately offer, and each of them with its memory and bf16
-    support (what a chosen DeepSpeed config must fit); None when none has been seen."""
-    workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
-    return Hardware.most_of(
-        Hardware(
-            w.accelerator, w.device_count, device_memory_bytes=w.device_memory_bytes, bf16_supported=w.bf16_supported
+    support (what a chosen DeepSpeed config must fit); None when none has been seen.
+
+    Read once per session (a request's): a request that asks twice (OpenAI's door lays out the
+    batch, then ``create_job`` chooses the config) gets one answer from one read."""
+    if _HARDWARE_KEY not in session.info:
+        workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
+        session.info[_HARDWARE_KEY] = Hardware.most_of(
+            Hardware(
+                w.accelerator,
+                w.device_count,
+                device_memory_bytes=w.device_memory_bytes,
+                bf16_supported=w.bf16_supported,
+            )
+            for w in workers
         )
-        for w in workers
-    )
+    hardware: Hardware | None = session.info[_HARDWARE_KEY]
+    return hardware
+
+
+_HARDWARE_KEY = "tuneq.deployment_hardware"
 
 
 class IdempotencyConflictError(Exception):

@@ -72,6 +72,22 @@ class OpenAIHTTPException(HTTPException):
         self.code = code
 
 
+class OpenAIRequestError(Exception):
+    """A request a ``/v1`` service cannot serve: ``param`` names the parameter at fault as
+    OpenAI's API would, ``status_code`` is the answer's (400 unless said). The handler
+    ``install_error_handlers`` adds answers it in OpenAI's envelope, so routes need not catch it."""
+
+    def __init__(self, message: str, *, param: str | None, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status_code = status_code
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, OpenAIRequestError)
+    return JSONResponse(envelope(exc.status_code, str(exc), param=exc.param), status_code=exc.status_code)
+
+
 def _http_error_handler(openai_routes: Sequence[BaseRoute]) -> Callable[[Request, Exception], Awaitable[Response]]:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -125,3 +141,4 @@ def install_error_handlers(app: FastAPI, *, openai_routers: Sequence[APIRouter])
     routes = [route for router in openai_routers for route in router.routes]
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(routes))
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OpenAIRequestError, _request_error)

@@ -51,10 +51,6 @@ def _job_or_404(session: Session, fine_tuning_job_id: str, owner: str) -> Job:
     return job
 
 
-def _request_error(e: service.FineTuningRequestError) -> OpenAIHTTPException:
-    return OpenAIHTTPException(e.status_code, str(e), param=e.param)
-
-
 def _metadata_filter(request: Request) -> dict[str, str] | None:
     """``metadata[key]=value`` pairs (OpenAI's deep-object form, as the SDK sends it)."""
     pairs = {
@@ -87,8 +83,6 @@ def create_fine_tuning_job(
         job = service.create_fine_tuning_job(
             session=session, settings=settings, owner=owner, request=body, idempotency_key=idempotency_key
         )
-    except service.FineTuningRequestError as e:
-        raise _request_error(e) from None
     except jobs_service.IdempotencyConflictError as e:
         raise OpenAIHTTPException(409, str(e), param="Idempotency-Key") from None
     except jobs_service.ActiveJobLimitError as e:
@@ -110,12 +104,9 @@ def list_fine_tuning_jobs(
 ) -> FineTuningJobListPublic:
     """The caller's jobs, newest first (native ones too). ``metadata[key]=value`` query
     parameters keep the jobs whose metadata holds every such pair."""
-    try:
-        return service.list_fine_tuning_jobs(
-            session=session, owner=owner, after=after, limit=limit, metadata=_metadata_filter(request)
-        )
-    except service.FineTuningRequestError as e:
-        raise _request_error(e) from None
+    return service.list_fine_tuning_jobs(
+        session=session, owner=owner, after=after, limit=limit, metadata=_metadata_filter(request)
+    )
 
 
 @router.get("/{fine_tuning_job_id}", response_model=FineTuningJobPublic, responses=NOT_FOUND)
@@ -202,10 +193,7 @@ def list_fine_tuning_events(
     """The job's events, newest first: status changes, its plan, per-step metrics (``type``
     ``metrics``), checkpoints and warnings."""
     job = _job_or_404(session, fine_tuning_job_id, owner)
-    try:
-        return service.list_fine_tuning_events(session=session, job=job, after=after, limit=limit)
-    except service.FineTuningRequestError as e:
-        raise _request_error(e) from None
+    return service.list_fine_tuning_events(session=session, job=job, after=after, limit=limit)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints", response_model=FineTuningJobCheckpointListPublic, responses=NOT_FOUND)
@@ -218,7 +206,4 @@ def list_fine_tuning_checkpoints(
 ) -> FineTuningJobCheckpointListPublic:
     """The job's resumable checkpoints, newest first, with the metrics of their step."""
     job = _job_or_404(session, fine_tuning_job_id, owner)
-    try:
-        return service.list_fine_tuning_checkpoints(session=session, job=job, after=after, limit=limit)
-    except service.FineTuningRequestError as e:
-        raise _request_error(e) from None
+    return service.list_fine_tuning_checkpoints(session=session, job=job, after=after, limit=limit)

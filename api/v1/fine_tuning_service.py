@@ -22,6 +22,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from api.jobs_service import create_job, deployment_hardware, get_job
+from api.v1.errors import OpenAIRequestError
 from api.v1.files_service import get_file
 from api.v1.fine_tuning_objects import (
     MAX_METADATA_KEY_CHARS,
@@ -80,14 +81,8 @@ LISTED_EVENTS = (
 )
 
 
-class FineTuningRequestError(Exception):
-    """The caller's request cannot be served; ``param`` names the parameter at fault as OpenAI's
-    API would, ``status_code`` is the answer's (400 unless said)."""
-
-    def __init__(self, message: str, *, param: str | None, status_code: int = 400) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status_code = status_code
+class FineTuningRequestError(OpenAIRequestError):
+    """A fine-tuning request the caller must change (see OpenAIRequestError)."""
 
 
 # ---- ids ---------------------------------------------------------------------------------
