@@ -20,13 +20,18 @@ from tests.services import fresh_postgres_schema
 
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # pytest-xdist runs tests in several processes (`make test`): each gets a Redis database of its
-# own (15, 13, ...; the soak uses 14), since some tests flush theirs. Postgres needs nothing:
-# every test makes a schema of its own.
+# own (15, 13, ...; the soak uses 14, and flushes it). Each service's queues are named after its
+# home (tests/e2e/harness.py), and Postgres needs nothing: every test makes a schema of its own.
 _XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
 REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - 2 * _XDIST_INDEX}")
 # How long a job's all-reduce buffers may outlive its ranks: the worker removes them at its
 # next poll (about a second), and a job of a test running beside this one may be in between.
 BUFFER_REMOVAL_GRACE_SECONDS = 15.0
+# One thread per rank (and per test process): the launcher's default gives a 1-rank job every
+# core, and `make test` runs two test processes, each with jobs, on this 2-core machine. With more
+# OpenMP threads than free cores, threads spin waiting for each other: a tiny model's job then
+# takes 2-5 times the CPU (and time) for the same steps. A job's own OMP_NUM_THREADS still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
