@@ -10,6 +10,8 @@ BUILD_OPS ?= yes
 # the newest that pyproject.toml allows). `INSTALLER=pip` where only pip's own configuration
 # (pip.conf, PIP_INDEX_URL) reaches your packages: uv reads UV_INDEX_URL and friends instead.
 INSTALLER ?= uv
+# pyproject.toml's extras to install: `dev,gpu` on a GPU host (Dockerfile.gpu) adds Liger Kernel.
+EXTRAS ?= dev
 
 .PHONY: install demo test test-fast lint format clean bench soak
 
@@ -22,9 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	# DeepSpeed builds against the torch already installed, hence no build isolation.
 ifeq ($(INSTALLER),uv)
 	$(PY) -m pip install --quiet "uv>=0.5"
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation -e '.[dev]'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation -e '.[$(EXTRAS)]'
 else
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[$(EXTRAS)]'
 endif
 	# DeepSpeed's CPU Adam / fused Adam (and CPU shm all-reduce), compiled now rather than in the first job.
 	if [ "$(BUILD_OPS)" = yes ]; then $(VENV)/bin/tuneq build-ops; fi
