@@ -3,7 +3,6 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # torch first and pinned: a looser spec lets pip pick a multi-GB CUDA build on a CPU host.
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.tuneq-installed
 # `no` where DeepSpeed was built with its ops compiled in (DS_BUILD_*, as Dockerfile.gpu does).
 BUILD_OPS ?= yes
 # uv installs the dependencies in seconds where pip takes minutes (the same versions: both take
@@ -12,6 +11,9 @@ BUILD_OPS ?= yes
 INSTALLER ?= uv
 # pyproject.toml's extras to install: `dev,gpu` on a GPU host (Dockerfile.gpu) adds Liger Kernel.
 EXTRAS ?= dev
+comma  := ,
+# One stamp per set of extras: `make install EXTRAS=dev,gpu` after a plain install adds the GPU extra.
+STAMP  := $(VENV)/.tuneq-installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install demo test test-fast lint format clean bench soak
 

@@ -169,6 +169,11 @@ class TuneqDev:
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.client.get(f"/jobs/{job_id}/metrics").json()["data"])
 
+    def plan(self, job_id: str) -> dict[str, Any]:
+        """The job's plan event (steps, rows, the kernels applied, whether it compiled)."""
+        events = self.client.get(f"/jobs/{job_id}/events").json()["data"]
+        return next((dict(e["data"]) for e in events if e["type"] == "plan"), {})
+
     def model_dir(self, job_id: str) -> Path:
         """Where the job's final Hugging Face model was exported."""
         checkpoints = self.client.get(f"/jobs/{job_id}/checkpoints").json()["data"]
