@@ -112,7 +112,10 @@ def choose_kernels(
             "training.kernels auto trains without fused kernels",
             warn=True,
         )
-    kernels = offered(model_type)
+    try:
+        kernels = offered(model_type)
+    except ImportError as e:  # installed, but it (or Triton) does not load here
+        return KernelChoice(note=f"liger-kernel does not import ({e}): training without fused kernels", warn=True)
     if not kernels:
         return KernelChoice(note=f"Liger Kernel has no kernels for model type '{model_type}'")
     if FUSED_LOSS not in kernels:

@@ -57,6 +57,16 @@ def test_a_gpu_worker_without_liger_warns_that_it_trains_without() -> None:
     assert choice.kernels == () and choice.warn and "tuneq[gpu]" in (choice.note or "")
 
 
+def test_a_liger_that_does_not_import_warns_and_trains_without() -> None:
+    def broken(model_type: str) -> tuple[str, ...]:
+        raise ImportError("libcuda.so.1: cannot open shared object file")
+
+    choice = choose_kernels(
+        TrainingOptions(), model_type="llama", device_type="cuda", zero_stage=2, liger_available=True, offered=broken
+    )
+    assert choice.kernels == () and choice.warn and "libcuda" in (choice.note or "")
+
+
 def test_zero3_keeps_the_other_kernels_and_says_why_the_fused_loss_is_not_applied() -> None:
     choice = choose(zero_stage=3)
     assert choice.kernels == ("rope", "rms_norm", "swiglu")
