@@ -3,13 +3,17 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # torch first and pinned: a looser spec lets pip pick a multi-GB CUDA build on a CPU host.
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.tuneq-installed
 # `no` where DeepSpeed was built with its ops compiled in (DS_BUILD_*, as Dockerfile.gpu does).
 BUILD_OPS ?= yes
 # uv installs the dependencies in seconds where pip takes minutes (the same versions: both take
 # the newest that pyproject.toml allows). `INSTALLER=pip` where only pip's own configuration
 # (pip.conf, PIP_INDEX_URL) reaches your packages: uv reads UV_INDEX_URL and friends instead.
 INSTALLER ?= uv
+# pyproject.toml's extras to install: `dev,gpu` on a GPU host (Dockerfile.gpu) adds Liger Kernel.
+EXTRAS ?= dev
+comma  := ,
+# One stamp per set of extras: `make install EXTRAS=dev,gpu` after a plain install adds the GPU extra.
+STAMP  := $(VENV)/.tuneq-installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install demo test test-fast lint format clean bench soak
 
@@ -22,9 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	# DeepSpeed builds against the torch already installed, hence no build isolation.
 ifeq ($(INSTALLER),uv)
 	$(PY) -m pip install --quiet "uv>=0.5"
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation -e '.[dev]'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation -e '.[$(EXTRAS)]'
 else
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[$(EXTRAS)]'
 endif
 	# DeepSpeed's CPU Adam / fused Adam (and CPU shm all-reduce), compiled now rather than in the first job.
 	if [ "$(BUILD_OPS)" = yes ]; then $(VENV)/bin/tuneq build-ops; fi

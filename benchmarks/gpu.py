@@ -1,17 +1,21 @@
-"""The GPU benchmark (``benchmarks/gpu.sh``): the core issue's config on a GPT-Neo-2.7B-shaped
-model on one GPU, through tuneq and through the bare loop.
+"""The GPU benchmark (``benchmarks/gpu.sh``): the issue's rows on one GPU, each run twice on
+the same model, rows, config and steps: the bare loop (``benchmarks/bare_loop.py`` under
+DeepSpeed's launcher: eager, the model's default attention, what a user's script does) and a
+job through a real ``tuneq dev`` with its defaults (``training.kernels`` and
+``training.compile`` auto).
 
-Two configs, each run both ways (``benchmarks/bare_loop.py`` under DeepSpeed's launcher, and
-a job through a real ``tuneq dev``), same model, rows, config and steps:
+- ``neo-bf16``: GPT-Neo-2.7B shape, bf16, ZeRO-2, no offload;
+- ``llama-bf16``: Llama-3.2-3B shape (hidden 3072, 28 layers, 24 heads, 8 KV heads, vocabulary
+  128,256, tied embeddings), bf16, ZeRO-2;
+- ``neo-fp16-offload``: the core issue's config as given (fp16, ZeRO-2, optimizer offloaded to
+  the CPU) at 2.7B.
 
-- ``fp16-offload``: the core issue's config as given (fp16, ZeRO-2, optimizer offloaded to
-  the CPU);
-- ``bf16``: bf16, ZeRO-2, no offload.
+Printed and written per run: tokens per second, model FLOPs utilisation, peak GPU memory (in use
+on the GPU, from ``nvidia-smi``, above what was in use before the run), the loss at every step,
+and per row the relative difference of tuneq's loss from the bare loop's at each step (both
+report the mean over the micro-batch's label tokens; the data order is the same seed's).
 
-Printed per run: tokens per second, model FLOPs utilisation and peak GPU memory (the memory
-in use on the GPU, from ``nvidia-smi``, above what was in use before the run).
-
-No downloads: the model is built from its config with random weights and the tokenizer is
+No downloads: the models are built from their configs with random weights and the tokenizer is
 trained locally, like the tests'. Every record is longer than ``--max-seq-length``, so each
 row is cut to exactly that length: every step holds ``train_batch_size x max_seq_length``
 tokens on both sides, and tokens/s = steps/s x that.
@@ -21,8 +25,13 @@ token = 6 N + 12 L h s (N parameters, L layers, h hidden size, s sequence length
 matmuls forward and backward plus attention scores, as in the PaLM paper's appendix B).
 The peak comes from the GPU's name (``PEAK_TFLOPS``) or ``TUNEQ_BENCH_PEAK_TFLOPS``.
 
-On a host without CUDA it runs the CPU path instead, to show the script works there: a small
-shape (``--shape small``), fp16 off (no fp16 on CPU; the row says so), no MFU or GPU memory.
+Fitting a short device lease: ``--only`` picks rows (in the order given) and ``--steps`` the
+step count; results are written after every run, so a run cut short keeps what it finished;
+compiled code lands in the tuneq home's cache (``TUNEQ_BENCH_TMP`` keeps it across runs).
+
+On a host without CUDA it runs the CPU path instead, to show the script works there: small
+shapes (``--shape small``), fp32 where the row says fp16 (no fp16 on CPU; the row says so),
+no MFU or GPU memory, and tuneq's kernels and compile stay off there by their ``auto`` rules.
 """
 
 from __future__ import annotations
@@ -53,9 +62,10 @@ from benchmarks.training_runs import launch_script, metric_times, tuneq_dev
 from cli.samples import build_tiny_model, sample_texts, seed_config
 from worker import launcher
 
-# GPT-Neo 2.7B (EleutherAI/gpt-neo-2.7B's config): 2.7 B parameters.
-SHAPES: dict[str, dict[str, int]] = {
-    "2.7B": {
+# Model shapes by size: GPT-Neo 2.7B (EleutherAI/gpt-neo-2.7B's config, 2.7 B parameters) and
+# Llama 3.2 3B (meta-llama/Llama-3.2-3B's config, 3.2 B parameters), or small ones for the CPU path.
+NEO_SHAPES: dict[str, dict[str, int]] = {
+    "large": {
         "hidden_size": 2560,
         "layers": 32,
         "heads": 20,
@@ -65,6 +75,33 @@ SHAPES: dict[str, dict[str, int]] = {
     },
     "small": {"hidden_size": 256, "layers": 4, "heads": 4, "vocab_size": 600, "max_positions": 256, "window_size": 64},
 }
+LLAMA_SHAPES: dict[str, dict[str, int]] = {
+    "large": {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "layers": 28,
+        "heads": 24,
+        "kv_heads": 8,
+        "vocab_size": 128256,
+        "max_positions": 2048,
+    },
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "layers": 4,
+        "heads": 4,
+        "kv_heads": 2,
+        "vocab_size": 600,
+        "max_positions": 256,
+    },
+}
+SHAPES = ("2.7B", "small")  # --shape: 2.7B means the large shapes (GPT-Neo 2.7B, Llama 3.2 3B)
+# Row -> (model, config).
+RUNS: dict[str, tuple[str, str]] = {
+    "neo-bf16": ("gpt-neo", "bf16"),
+    "llama-bf16": ("llama", "bf16"),
+    "neo-fp16-offload": ("gpt-neo", "fp16-offload"),
+}
 # Dense bf16/fp16 tensor-core peaks, by a substring of the GPU's name (vendor data sheets).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 WARMUP_STEPS = 3
@@ -72,20 +109,54 @@ WARMUP_STEPS = 3
 
 @dataclass
 class Row:
-    config: str
+    run: str  # a RUNS key
     side: str  # "tuneq" or "bare"
     tokens_per_second: float
     mfu: float | None
     peak_gpu_memory_gib: float | None
     peak_host_memory_gib: float
+    losses: list[float]  # the loss at each step, from the first
+    kernels: list[str] | None = None  # tuneq: what its plan says it applied
+    compiled: bool | None = None
 
 
-def configs(*, cuda: bool, train_batch_size: int) -> dict[str, dict[str, Any]]:
-    offload = seed_config(fp16=cuda, train_batch_size=train_batch_size)  # the core issue's, fp16 as given
+def deepspeed_config(name: str, *, cuda: bool, train_batch_size: int) -> dict[str, Any]:
+    """``fp16-offload``: the core issue's, fp16 as given (fp32 on a CPU); ``bf16``: bf16, ZeRO-2, no offload."""
+    if name == "fp16-offload":
+        return seed_config(fp16=cuda, train_batch_size=train_batch_size)
     bf16 = seed_config(fp16=False, train_batch_size=train_batch_size)
     bf16["bf16"] = {"enabled": True}
     del bf16["zero_optimization"]["offload_optimizer"]  # type: ignore[attr-defined]
-    return {"fp16-offload" if cuda else "fp32-offload (no fp16 on CPU)": offload, "bf16": bf16}
+    return bf16
+
+
+def build_llama_model(directory: Path, *, tokenizer_from: Path, shape: dict[str, int]) -> Path:
+    """A randomly initialised Llama of ``shape`` with the tokenizer of ``tokenizer_from``."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = LlamaConfig(
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=shape["max_positions"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def loss_differences(bare: Row, tuneq: Row) -> list[float]:
+    """|tuneq - bare| / |bare| at each step both reported."""
+    return [abs(t - b) / abs(b) for b, t in zip(bare.losses, tuneq.losses, strict=False) if b]
 
 
 def write_long_records(path: Path, *, records: int, seed: int = 0) -> Path:
@@ -130,8 +201,8 @@ def tokens_per_second(step_times: list[float], tokens_per_step: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="2.7B on CUDA, small on CPU")
-    parser.add_argument("--only", default="", help="config names, comma-separated, in run order")
+    parser.add_argument("--shape", choices=SHAPES, default=None, help="2.7B on CUDA, small on CPU")
+    parser.add_argument("--only", default="", help=f"rows, comma-separated, in run order: {', '.join(RUNS)}")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-seq-length", type=int, default=None, help="1024 on CUDA, 128 on CPU")
     parser.add_argument("--train-batch-size", type=int, default=None, help="8 on CUDA, 2 on CPU")
@@ -141,52 +212,52 @@ def main(argv: list[str] | None = None) -> int:
     env = workload.rank_environment()
     cuda = env.get("DS_ACCELERATOR") != "cpu"
     shape_name = args.shape or ("2.7B" if cuda else "small")
-    shape = SHAPES[shape_name]
+    size = "large" if shape_name == "2.7B" else "small"
     seq = args.max_seq_length or (1024 if cuda else 128)
     batch = args.train_batch_size or (8 if cuda else 2)
-    available = configs(cuda=cuda, train_batch_size=batch)
-    wanted = [s.strip() for s in args.only.split(",") if s.strip()] or list(available)  # in the order given
-    unknown = [w for w in wanted if w not in available]
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()] or list(RUNS)  # in the order given
+    unknown = [w for w in wanted if w not in RUNS]
     if unknown:
-        parser.error(f"--only: unknown config {', '.join(unknown)}; choose from {', '.join(available)}")
-    chosen = {w: available[w] for w in wanted}
+        parser.error(f"--only: unknown row {', '.join(unknown)}; choose from {', '.join(RUNS)}")
     name = gpu_name() if cuda else None
     peak = peak_flops(name) if cuda else None
     rows: list[Row] = []
     path = args.output or RESULTS_DIR / f"gpu-{datetime.now(UTC).date().isoformat()}.json"
     with tempfile.TemporaryDirectory(prefix="tuneq-bench-gpu-", dir=os.environ.get("TUNEQ_BENCH_TMP")) as tmp:
         work = Path(tmp)
-        console.print(f"building a {shape_name} GPT-Neo (random weights) in {work}")
-        build_tiny_model(work / "model", **shape)
-        parameters = workload.parameter_count(work / "model")
-        per_token = flops_per_token(
-            parameters=parameters, layers=shape["layers"], hidden_size=shape["hidden_size"], seq_length=seq
-        )
         write_long_records(work / "data.jsonl", records=batch * (args.steps + 2))
+        models: dict[str, dict[str, Any]] = {}  # built once, for the rows that use them
         document: dict[str, Any] = {
             "machine": machine(),
-            "shape": {"name": shape_name, **shape, "parameters": parameters},
+            "gpu": name,
+            "versions": versions(),
             "max_seq_length": seq,
             "train_batch_size": batch,
             "steps": args.steps,
             "warmup_steps": WARMUP_STEPS,
-            "flops_per_token": per_token,
             "peak_flops": peak,
-            "configs": chosen,
+            "models": models,
+            "runs": {run: {"model": RUNS[run][0], "config": RUNS[run][1]} for run in wanted},
         }
         launcher.build_ops(launcher.detect_hardware())
         with tuneq_dev(work, env) as dev:
-            for label, config in chosen.items():
-                config_path = work / f"{label.split()[0]}.json"
+            for run in wanted:
+                model_name, config_name = RUNS[run]
+                if model_name not in models:
+                    models[model_name] = _build(model_name, size, work=work, seq=seq, console=console)
+                model = models[model_name]
+                config = deepspeed_config(config_name, cuda=cuda, train_batch_size=batch)
+                document["runs"][run]["deepspeed_config"] = config
+                config_path = work / f"{run}.json"
                 config_path.write_text(json.dumps(config))
-                out = work / f"bare-{label.split()[0]}"
+                out = work / f"bare-{run}"
                 out.mkdir()
                 times = out / "times.json"
-                console.print(f"{label}: bare loop")
+                console.print(f"{run}: bare loop")
                 memory = launch_script(
                     REPO / "benchmarks" / "bare_loop.py",
                     [
-                        *("--model", str(work / "model"), "--data", str(work / "data.jsonl")),
+                        *("--model", model["path"], "--data", str(work / "data.jsonl")),
                         *("--config", str(config_path), "--max-seq-length", str(seq)),
                         *("--steps", str(args.steps), "--times", str(times)),
                     ],
@@ -195,66 +266,123 @@ def main(argv: list[str] | None = None) -> int:
                     cwd=out,
                     timeout=3600,
                 )
-                rows.append(_row(label, "bare", json.loads(times.read_text())["step_times"], memory, batch * seq))
+                bare = json.loads(times.read_text())
+                rows.append(_row(run, "bare", bare["step_times"], bare["losses"], memory, batch * seq))
                 _write(path, rows, document=document)
-                console.print(f"{label}: tuneq")
+                console.print(f"{run}: tuneq")
                 job_id, memory = dev.run_job(
                     {
-                        "name": f"gpu-{label.split()[0]}",
-                        "model": str(work / "model"),
+                        "name": f"gpu-{run}",
+                        "model": model["path"],
                         "dataset": str(work / "data.jsonl"),
                         "deepspeed_config": config,
                         "num_gpus": 1,
                         "training": {"max_steps": args.steps, "max_seq_length": seq, "packing": False, "seed": 0},
                     }
                 )
-                rows.append(_row(label, "tuneq", metric_times(dev.metrics(job_id)), memory, batch * seq))
+                metrics = dev.metrics(job_id)
+                losses = [float(m["loss"]) for m in metrics]
+                row = _row(run, "tuneq", metric_times(metrics), losses, memory, batch * seq)
+                plan = dev.plan(job_id)
+                row.kernels, row.compiled = plan.get("kernels", []), plan.get("compiled", False)
+                rows.append(row)
                 # A 2.7B job's final checkpoint (weights, fp32 master copy, Adam moments) is ~40 GB:
                 # two of them would fill a GPU host's disk, and only the step times are needed.
                 shutil.rmtree(dev.run_dir(job_id), ignore_errors=True)
                 _write(path, rows, document=document)
-    _print(console, rows, title=f"{shape_name} GPT-Neo ({parameters / 1e6:,.0f} M parameters) on {name or 'CPU'}")
+    _print(console, rows, title=f"{shape_name} shapes on {name or 'CPU'}, {batch} x {seq} tokens a step")
     console.print(f"written: {path}")
     return 0
 
 
+def _build(model_name: str, size: str, *, work: Path, seq: int, console: Console) -> dict[str, Any]:
+    """The row's model (the Llama borrows the GPT-Neo's tokenizer, built first) and its FLOPs per token."""
+    neo = work / "gpt-neo"
+    if not neo.exists():
+        console.print(f"building a {size} GPT-Neo (random weights) in {neo}")
+        build_tiny_model(neo, **NEO_SHAPES[size])
+    if model_name == "gpt-neo":
+        directory, shape = neo, NEO_SHAPES[size]
+    else:
+        directory, shape = work / "llama", LLAMA_SHAPES[size]
+        console.print(f"building a {size} Llama (random weights) in {directory}")
+        build_llama_model(directory, tokenizer_from=neo, shape=shape)
+    parameters = workload.parameter_count(directory)
+    per_token = flops_per_token(
+        parameters=parameters, layers=shape["layers"], hidden_size=shape["hidden_size"], seq_length=seq
+    )
+    return {"path": str(directory), "shape": shape, "parameters": parameters, "flops_per_token": per_token}
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for package in ("torch", "deepspeed", "transformers", "liger-kernel", "triton"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
 def _write(path: Path, rows: list[Row], *, document: dict[str, Any]) -> None:
     """The results so far (after every run, so a run cut short still leaves the rows it finished)."""
-    per_token, peak = document["flops_per_token"], document["peak_flops"]
+    peak = document["peak_flops"]
     for row in rows:
+        per_token = document["models"][RUNS[row.run][0]]["flops_per_token"]
         row.mfu = row.tokens_per_second * per_token / peak if peak else None
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {**document, "written_at": datetime.now(UTC).isoformat(timespec="seconds")}
     document["rows"] = [asdict(r) for r in rows]
+    document["loss_differences"] = {run: loss_differences(bare, tuneq) for run, (bare, tuneq) in _pairs(rows).items()}
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
-def _row(label: str, side: str, step_times: list[float], memory: Any, tokens_per_step: int) -> Row:
+def _pairs(rows: list[Row]) -> dict[str, tuple[Row, Row]]:
+    sides = {(r.run, r.side): r for r in rows}
+    return {run: (sides[run, "bare"], sides[run, "tuneq"]) for run, side in sides if side == "tuneq"}
+
+
+def _row(run: str, side: str, step_times: list[float], losses: list[float], memory: Any, tokens_per_step: int) -> Row:
     gpu = memory.gpu_peak
     return Row(
-        config=label,
+        run=run,
         side=side,
         tokens_per_second=tokens_per_second(step_times, tokens_per_step),
         mfu=None,
         peak_gpu_memory_gib=gpu / 2**30 if gpu is not None else None,
         peak_host_memory_gib=memory.peak / 2**30,
+        losses=losses,
     )
 
 
 def _print(console: Console, rows: list[Row], *, title: str) -> None:
     table = Table(title=title)
-    for column in ("config", "side", "tokens/s", "MFU", "peak GPU memory", "peak host memory (PSS)"):
+    columns = ("row", "side", "tokens/s", "MFU", "peak GPU memory", "peak host memory (PSS)", "kernels, compiled")
+    for column in columns:
         table.add_column(column)
     for r in rows:
+        applied = "" if r.side == "bare" else f"{', '.join(r.kernels or []) or 'none'}; compiled: {r.compiled}"
         table.add_row(
-            r.config,
+            r.run,
             r.side,
             f"{r.tokens_per_second:,.0f}",
             f"{r.mfu:.1%}" if r.mfu is not None else "n/a",
             f"{r.peak_gpu_memory_gib:.1f} GiB" if r.peak_gpu_memory_gib is not None else "n/a",
             f"{r.peak_host_memory_gib:.1f} GiB",
+            applied,
         )
     console.print(table)
+    losses = Table(title="loss per step: bare / tuneq (relative difference)")
+    losses.add_column("row")
+    losses.add_column("steps")
+    losses.add_column("largest difference")
+    for run, (bare, tuneq) in _pairs(rows).items():
+        steps = " ".join(f"{b:.4f}/{t:.4f}" for b, t in zip(bare.losses, tuneq.losses, strict=False))
+        differences = loss_differences(bare, tuneq)
+        losses.add_row(run, steps, f"{max(differences):.2%}" if differences else "n/a")
+    console.print(losses)
 
 
 if __name__ == "__main__":

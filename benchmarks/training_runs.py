@@ -28,6 +28,7 @@ from shared.db.models import TERMINAL_STATUSES
 from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import Settings
+from worker.shm_buffers import remove_job_buffers
 
 # Reading a process's PSS walks its page tables (~0.1 s for a rank under load): sampled once a
 # second, so the sampler's own CPU stays small next to the ranks' (memory peaks last a step).
@@ -105,18 +106,11 @@ class PeakMemory:
 def launch_script(
     script: Path, args: Sequence[str], *, ranks: int, env: dict[str, str], cwd: Path, timeout: float
 ) -> PeakMemory:
-    """``deepspeed --num_gpus RANKS script ARGS``, as a user would type it; its peak memory."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(ranks),
-        "--master_port",
-        str(free_port()),
-        str(script),
-        *args,
-    ]
+    """``deepspeed --num_gpus RANKS script ARGS``, as a user would type it; its peak memory.
+    The /dev/shm all-reduce buffers its ranks leave (DeepSpeed never unlinks them) are removed."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port", str(port)]
+    cmd += [str(script), *args]
     log = cwd / f"{script.stem}.log"
     with log.open("wb") as f:
         process = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
@@ -126,6 +120,8 @@ def launch_script(
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+        remove_job_buffers(port)
     if code != 0:
         raise RuntimeError(f"{script.name} exited with {code}; see {keep_log(log, script.stem)}")
     return memory
@@ -168,6 +164,11 @@ class TuneqDev:
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.client.get(f"/jobs/{job_id}/metrics").json()["data"])
+
+    def plan(self, job_id: str) -> dict[str, Any]:
+        """The job's plan event (steps, rows, the kernels applied, whether it compiled)."""
+        events = self.client.get(f"/jobs/{job_id}/events").json()["data"]
+        return next((dict(e["data"]) for e in events if e["type"] == "plan"), {})
 
     def model_dir(self, job_id: str) -> Path:
         """Where the job's final Hugging Face model was exported."""

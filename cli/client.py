@@ -535,7 +535,10 @@ class FollowState:
         if event.type == "plan":
             if data.get("total_steps") is not None:
                 self.total_steps = int(data["total_steps"])
-            return f"plan: {self.total_steps} steps on {data.get('world_size', '?')} rank(s)"
+            extras = [f"kernels: {', '.join(data['kernels'])}"] if data.get("kernels") else []
+            extras += ["compiled"] if data.get("compiled") else []
+            text = f"plan: {self.total_steps} steps on {data.get('world_size', '?')} rank(s)"
+            return "; ".join([text, *extras])
         if event.type == "metric":
             self._metric(data)
             return self.progress_text

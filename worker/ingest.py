@@ -28,6 +28,7 @@ from shared.jobs.events import (
     PlanEvent,
     TrainingEvent,
     UploadWaitEvent,
+    WarningEvent,
     training_event_adapter,
 )
 
@@ -212,6 +213,8 @@ class EventIngestor:
                     f"{event.waiting_for} is still being uploaded to the artifact store"
                 )
                 rows.append(self._event_row(EventType.artifact, {"state": "waiting", "message": message}))
+            elif isinstance(event, WarningEvent):
+                rows.append(self._event_row(EventType.warning, {"message": event.message}))
         if metrics:
             self._record_metrics(session, list(metrics.values()), progress)
         if rows:

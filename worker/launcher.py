@@ -109,9 +109,22 @@ def torch_build_has_gpu_support() -> bool:
     return any(getattr(build, name, None) for name in ("cuda", "hip", "xpu"))
 
 
+def compile_cache_dirs(cache_dir: Path) -> dict[str, Path]:
+    """The environment variables that place torch inductor's and Triton's caches, and where
+    they go under a worker's ``cache_dir``."""
+    compile_dir = cache_dir / "compile"
+    return {"TORCHINDUCTOR_CACHE_DIR": compile_dir / "inductor", "TRITON_CACHE_DIR": compile_dir / "triton"}
+
+
 def settings_environment(settings: Settings) -> dict[str, str]:
     """What the ranks get from tuneq's settings, beyond the worker's own environment."""
     env = {"HF_ENDPOINT": settings.hf_endpoint}  # hub models come from where hf:// datasets do
+    # torch.compile's and Triton's caches (compiled graphs, autotuning, Liger's kernels) in the
+    # worker's cache directory, which outlives a container's /tmp: the next job of the same shape,
+    # forked from the warm start or not, loads them instead of compiling. An operator's own wins.
+    for name, path in compile_cache_dirs(settings.cache_dir).items():
+        if name not in os.environ:
+            env[name] = str(path)
     if settings.socket_ifname:  # the interface the nodes of a multi-node job talk over
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = settings.socket_ifname
     return env

@@ -26,6 +26,10 @@ class PlanEvent(BaseModel):
     deepspeed_config: dict[str, Any] | None = None  # as run, every "auto" filled
     # "partitioned": built under ZeRO-3's zero.Init, no rank ever held the whole model.
     model_load: Literal["full", "partitioned"] = "full"
+    # Fused kernels applied to the model (training.kernels), e.g. ["rms_norm", "swiglu", "rope",
+    # "fused_linear_cross_entropy"]; and whether DeepSpeed's engine.compile() ran (training.compile).
+    kernels: list[str] = []
+    compiled: bool = False
     dataset_stats: dict[str, Any] | None = None  # {"train": DatasetStats, "validation": ...}
 
 
@@ -67,7 +71,17 @@ class UploadWaitEvent(BaseModel):
     time: str
 
 
-TrainingEvent = Annotated[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent, Field(discriminator="type")]
-training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent] = TypeAdapter(
-    TrainingEvent
+class WarningEvent(BaseModel):
+    """Something the user asked for that the run does otherwise, and why (e.g. a kernel not
+    applied under ZeRO-3): the job's ``warning`` event."""
+
+    type: Literal["warning"] = "warning"
+    message: str
+
+
+TrainingEvent = Annotated[
+    PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent, Field(discriminator="type")
+]
+training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent] = (
+    TypeAdapter(TrainingEvent)
 )

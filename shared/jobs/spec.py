@@ -82,6 +82,23 @@ class TrainingOptions(BaseModel):
             "the same samples, steps and loss, no compute spent on padding."
         ),
     )
+    kernels: Literal["auto", "off"] = Field(
+        default="auto",
+        description=(
+            "Fused kernels (Liger Kernel): auto applies, on CUDA, the ones the model's type has (fused "
+            "RMSNorm/LayerNorm, SwiGLU/GeGLU, RoPE, and a linear cross-entropy that never holds the logits, "
+            "accumulated in fp32) and nothing on a CPU or a model type without them; off applies none. The "
+            "job's plan event lists what was applied."
+        ),
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description=(
+            "torch.compile through DeepSpeed's engine.compile(): auto compiles on CUDA except under ZeRO-3; "
+            "on compiles wherever it runs (a CPU too); off never. Compiled code is cached on the worker, so "
+            "the next job of the same shape starts without compiling again."
+        ),
+    )
     validation_split: float | None = Field(
         default=None, gt=0, lt=0.5, description="Hold out this share of the samples for eval_loss."
     )

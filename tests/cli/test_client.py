@@ -388,6 +388,7 @@ def test_follow_state_lines_and_eta() -> None:
     lines = [
         state.apply(_event(1, "status", {"status": "running", "attempt": 1})),
         state.apply(_event(2, "plan", {"total_steps": 4, "world_size": 2})),
+        state.apply(_event(2, "plan", {"total_steps": 4, "world_size": 2, "kernels": ["rope"], "compiled": True})),
         state.apply(_event(3, "metric", metric(1, 10, loss=3.0))),
         state.apply(_event(4, "metric", metric(2, 12, loss=2.0))),
         state.apply(_event(5, "log", {"line": "rank 0 says hi"})),
@@ -397,6 +398,7 @@ def test_follow_state_lines_and_eta() -> None:
     assert lines == [
         "running (attempt 1)",
         "plan: 4 steps on 2 rank(s)",
+        "plan: 4 steps on 2 rank(s); kernels: rope; compiled",
         "step 1/4 loss 3.0000 1500 tok/s eta ?",
         "step 2/4 loss 2.0000 1500 tok/s eta 4s",  # 2 s per step, 2 steps to go
         None,

@@ -198,3 +198,14 @@ def test_a_diverged_loss_is_stored_as_null_and_the_poll_goes_on(database_url: st
         assert [(r.step, r.loss) for r in rows] == [(1, None), (2, None)]
         data = session.exec(select(JobEvent.data).where(JobEvent.job_id == job.id)).all()
         assert [d["loss"] for d in data] == [None, None]
+
+
+def test_a_ranks_warning_becomes_the_jobs_warning_event(database_url: str, tmp_path: Path) -> None:
+    job = new_job()
+    events = tmp_path / "events-1.jsonl"
+    events.write_text(json.dumps({"type": "warning", "message": "the fused loss is off under ZeRO-3"}) + "\n")
+    ingestor = EventIngestor(events_path=events, log_path=None, job_id=job.id)
+    with Session(get_engine()) as session:
+        assert ingestor.poll(session) == 1
+        stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id)).all()
+    assert [(e.type, e.data) for e in stream] == [("warning", {"message": "the fused loss is off under ZeRO-3"})]

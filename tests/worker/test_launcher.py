@@ -69,3 +69,15 @@ def test_a_cgroup_limit_below_the_hosts_memory_is_the_workers(tmp_path: Path, mo
     assert launcher.host_memory_bytes() == physical
     monkeypatch.setattr(launcher, "_CGROUP_MEMORY_LIMITS", (unlimited, limited))
     assert launcher.host_memory_bytes() == min(physical, 2**30)
+
+
+def test_the_ranks_compile_caches_are_in_the_workers_cache_directory(
+    tuneq_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import Settings
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/srv/triton")  # an operator's own choice stands
+    env = launcher.settings_environment(Settings())
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tuneq_home / "cache" / "compile" / "inductor")
+    assert "TRITON_CACHE_DIR" not in env

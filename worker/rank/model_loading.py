@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from shared.jobs.lora import LoraTargetError, add_lora
 from shared.jobs.spec import TrainingOptions, TrainingSpec, max_positions_of
 from worker.errors import InvalidInputError
+from worker.rank.kernels import apply_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +32,35 @@ def load_tokenizer(spec: TrainingSpec) -> Any:
     return tokenizer
 
 
-def settle_training(spec: TrainingSpec) -> TrainingOptions:
-    """The job's training options settled for its model (``max_seq_length`` against the
-    model's positions), read from its config before any data is tokenized."""
+def model_config(spec: TrainingSpec) -> Any:
+    """The model's ``config.json``, as transformers reads it (never remote code)."""
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(spec.model, revision=spec.revision, trust_remote_code=False)
+        return AutoConfig.from_pretrained(spec.model, revision=spec.revision, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"model '{spec.model}': cannot load its config ({e})") from None
+
+
+def settle_training(spec: TrainingSpec) -> TrainingOptions:
+    """The job's training options settled for its model (``max_seq_length`` against the
+    model's positions), read from its config before any data is tokenized."""
     try:
-        return spec.training.for_model(max_positions_of(config.to_dict()))
+        return spec.training.for_model(max_positions_of(model_config(spec).to_dict()))
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
 
 
-def load_model(spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_stage: int) -> tuple[Any, ModelLoad]:
+def load_model(
+    spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_stage: int, kernels: Sequence[str] = ()
+) -> tuple[Any, ModelLoad]:
     """The model, and how it was built.
 
     Under ZeRO-3 each layer is built inside ``deepspeed.zero.Init`` and only this rank's
     shard of its weights is kept, so a model larger than one device (or one host's memory
-    per rank) loads; ``deepspeed_config`` must then hold numbers, not "auto".
+    per rank) loads; ``deepspeed_config`` must then hold numbers, not "auto". ``kernels``
+    (``worker.rank.kernels.choose_kernels``) are applied before LoRA wraps the model, so
+    the adapters wrap the patched modules' layers as they would the originals.
     """
     global _zero3_config
     from transformers import AutoModelForCausalLM
@@ -71,6 +81,7 @@ def load_model(spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_sta
         logger.warning("ZeRO-3: the model was not partitioned at load; every rank holds it whole until initialize")
     # No KV cache in training; transformers also keeps packed samples apart only without one.
     model.config.use_cache = False
+    apply_kernels(model, kernels)
     if spec.training.lora is not None:
         try:
             model = add_lora(model, spec.training.lora)

@@ -24,6 +24,7 @@ from typing import Any
 import deepspeed
 import torch
 from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
 from transformers import set_seed
 
 from shared.data.prepared import count_steps_per_epoch, count_total_steps, load_training_data
@@ -31,13 +32,14 @@ from shared.data.records import DatasetError
 from shared.data.tokenized import TokenizationError
 from shared.deepspeed.auto_values import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed.config import DeepSpeedConfigError, resolve_deepspeed_config
-from shared.jobs.events import MetricEvent, PlanEvent
+from shared.jobs.events import MetricEvent, PlanEvent, WarningEvent
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import TrainingOptions, TrainingSpec
 from worker.errors import InvalidInputError
 from worker.rank import checkpointing
 from worker.rank.batches import IGNORE_INDEX, Batch, SampleRows, make_loader
-from worker.rank.model_loading import load_model, load_tokenizer, settle_training
+from worker.rank.kernels import choose_compile, choose_kernels, liger_installed
+from worker.rank.model_loading import load_model, load_tokenizer, model_config, settle_training
 from worker.rank.reporting import EventWriter, write_paused
 
 logger = logging.getLogger(__name__)
@@ -221,7 +223,24 @@ class FineTuneRecipe:
             batch_sizes = resolve_deepspeed_config(early_config, world_size=self.world_size)
         except DeepSpeedConfigError as e:
             raise InvalidInputError(f"deepspeed_config: {e.message}") from None
-        model, model_load = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
+        # Fused kernels and compile: chosen from what every rank knows alike, so all choose the same.
+        device_type = get_accelerator().device_name()
+        kernels = choose_kernels(
+            opts,
+            model_type=model_config(spec).model_type,
+            device_type=device_type,
+            zero_stage=batch_sizes.zero_stage,
+            liger_available=liger_installed(),
+        )
+        compiling = choose_compile(opts, device_type=device_type, zero_stage=batch_sizes.zero_stage)
+        for note in (kernels.note, compiling.note):
+            if note is not None:
+                logger.info("%s", note)
+        if kernels.warn and kernels.note is not None:
+            self.events.emit(WarningEvent(message=kernels.note))
+        model, model_load = load_model(
+            spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage, kernels=kernels.kernels
+        )
 
         micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
         self.loader, self.sampler = self._loader(dataset, micro_batch, training=True)
@@ -260,12 +279,19 @@ class FineTuneRecipe:
                 world_size=self.world_size,
                 deepspeed_config=config,
                 model_load=model_load,
+                kernels=list(kernels.kernels),
+                compiled=compiling.compile,
                 dataset_stats=data.stats(),
             )
         )
         # Only what trains gets optimizer state: with LoRA, the adapters.
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.engine, _, _, _ = deepspeed.initialize(model=model, config_params=config, model_parameters=trainable)
+        if compiling.compile:
+            # In place (nn.Module.compile): the module's state_dict keys, hence checkpoints and
+            # exports, stay those of the eager model. Inductor's and Triton's caches are the
+            # worker's (worker.launcher.settings_environment), so the next job skips the work.
+            self.engine.compile()
         self._restore()
 
     def _loader(self, rows: SampleRows, micro_batch: int, *, training: bool) -> tuple[Any, Any]:

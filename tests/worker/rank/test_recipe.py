@@ -15,8 +15,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pytest
 import torch
 
 from shared.jobs.events import CheckpointEvent, MetricEvent, PlanEvent, UploadWaitEvent, training_event_adapter
@@ -24,6 +25,7 @@ from shared.jobs.hardware import Hardware
 from shared.jobs.run_layout import CheckpointManifest, RunLayout
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.ports import free_port
+from shared.settings import Settings
 from worker import launcher
 from worker.shm_buffers import remove_job_buffers
 
@@ -79,9 +81,9 @@ def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
         publisher.join()
 
 
-def train(specs: list[TrainingSpec]) -> None:
+def train(specs: list[TrainingSpec], settings_env: dict[str, str] | None = None) -> None:
     port = free_port()
-    env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=0)
+    env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=0) | (settings_env or {})
     env = launcher.launch_environment(
         env, local_rank=0, num_ranks=1, placement=launcher.NodePlacement(), master_port=port
     )
@@ -193,3 +195,41 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
     sparse_checkpoint = RunLayout(Path(sparse.run_dir)).checkpoints_dir / "step-00000004"
     state = torch.load(sparse_checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     assert state["tokens_seen"] == metrics[3].tokens_seen > 0
+
+
+def test_a_compiled_run_trains_as_the_eager_one_and_leaves_its_cache_with_the_worker(
+    tuneq_home: Path, tiny_model: Path, text_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """training.compile on, through DeepSpeed's engine.compile() (inductor, on this CPU): the
+    same losses as eager, step by step, and the compiled code cached in the worker's cache
+    directory, where the worker's settings put it for every rank."""
+
+    def spec(name: str, compile: Literal["on", "off"]) -> TrainingSpec:
+        run_dir = tuneq_home / "runs" / name
+        run_dir.mkdir(parents=True)
+        options = TRAINING.model_copy(update={"max_steps": 3, "checkpoint_every_steps": None, "compile": compile})
+        return TrainingSpec(
+            job_id=uuid.uuid4(),
+            model=str(tiny_model),
+            dataset=str(text_dataset),
+            deepspeed_config=DEEPSPEED_CONFIG,
+            num_gpus=1,
+            training=options,
+            run_dir=str(run_dir),
+            cache_dir=str(tuneq_home / "cache"),
+        )
+
+    eager, compiled = spec("eager", "off"), spec("compiled", "on")
+    # torch, once imported in this process, sets it to its default; a worker's own process never imports torch.
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    settings = Settings()
+    train([eager, compiled], launcher.settings_environment(settings))
+
+    plans = [events_of(run)[0] for run in (eager, compiled)]
+    assert [(p.compiled, p.kernels) for p in plans] == [(False, []), (True, [])]  # no Liger kernels on a CPU
+    eager_losses, compiled_losses = losses_of(events_of(eager)), losses_of(events_of(compiled))
+    assert list(compiled_losses) == [1, 2, 3]
+    for step, loss in eager_losses.items():
+        assert compiled_losses[step] == pytest.approx(loss, rel=1e-4)
+    inductor_cache = launcher.compile_cache_dirs(settings.cache_dir)["TORCHINDUCTOR_CACHE_DIR"]
+    assert inductor_cache.is_relative_to(tuneq_home) and any(inductor_cache.rglob("*.py"))
