@@ -10,6 +10,7 @@ then a ``fine_tuning.job``, native ones included; ``fine_tuning_job_public`` mak
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -319,12 +320,17 @@ def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
     batch = config.get("train_batch_size")
     if not isinstance(batch, int):
         batch = training.micro_batch_size * training.gradient_accumulation_steps * job.num_gpus * job.num_nodes
-    multiplier = training.learning_rate / pretraining_learning_rate(
-        local_model_config(job.model), lora=training.lora is not None
-    )
+    multiplier = training.learning_rate / _model_learning_rate(job.model, lora=training.lora is not None)
     return ResolvedHyperparameters(
         n_epochs=training.epochs, batch_size=batch, learning_rate_multiplier=round(multiplier, 6)
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _model_learning_rate(model: str, *, lora: bool) -> float:
+    """``pretraining_learning_rate`` of a native job's model, its config.json read once per model
+    (not once per job shown: it depends on the model's family only)."""
+    return pretraining_learning_rate(local_model_config(model), lora=lora)
 
 
 def results_files(*, session: Session, jobs: Sequence[Job]) -> dict[uuid.UUID, list[str]]:
