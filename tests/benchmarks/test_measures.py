@@ -64,17 +64,22 @@ def test_the_variable_length_dataset_has_a_long_tail(tmp_path: Path) -> None:
     assert sorted(words)[len(words) // 2] < max(words) / 4  # most records are short
 
 
-def test_gpu_configs_are_the_core_config_with_fp16_and_bf16_without_offload() -> None:
-    from benchmarks.gpu import configs
+def test_gpu_rows_are_the_core_config_with_fp16_and_bf16_without_offload() -> None:
+    from benchmarks.gpu import RUNS, Row, deepspeed_config, loss_differences
 
-    on_gpu = configs(cuda=True, train_batch_size=8)
-    assert set(on_gpu) == {"fp16-offload", "bf16"}
-    assert on_gpu["fp16-offload"]["fp16"] == {"enabled": True}
-    assert on_gpu["fp16-offload"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert on_gpu["bf16"]["bf16"] == {"enabled": True} and on_gpu["bf16"]["fp16"] == {"enabled": False}
-    assert "offload_optimizer" not in on_gpu["bf16"]["zero_optimization"]
-    on_cpu = configs(cuda=False, train_batch_size=2)
-    assert all(c["fp16"] == {"enabled": False} for c in on_cpu.values())  # no fp16 on CPU
+    assert {config for _, config in RUNS.values()} == {"fp16-offload", "bf16"}
+    assert {model for model, _ in RUNS.values()} == {"gpt-neo", "llama"}
+    offload = deepspeed_config("fp16-offload", cuda=True, train_batch_size=8)
+    assert offload["fp16"] == {"enabled": True}
+    assert offload["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    bf16 = deepspeed_config("bf16", cuda=True, train_batch_size=8)
+    assert bf16["bf16"] == {"enabled": True} and bf16["fp16"] == {"enabled": False}
+    assert "offload_optimizer" not in bf16["zero_optimization"]
+    on_cpu = [deepspeed_config(name, cuda=False, train_batch_size=2) for name in ("fp16-offload", "bf16")]
+    assert all(c["fp16"] == {"enabled": False} for c in on_cpu)  # no fp16 on CPU
+    bare = Row("neo-bf16", "bare", 1.0, None, None, 0.0, losses=[2.0, 4.0, 0.0])
+    tuneq = Row("neo-bf16", "tuneq", 1.0, None, None, 0.0, losses=[2.02, 3.96, 1.0])
+    assert loss_differences(bare, tuneq) == pytest.approx([0.01, 0.01])  # a zero bare loss is skipped
 
 
 def test_mfu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
