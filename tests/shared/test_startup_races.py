@@ -5,14 +5,12 @@ migrated schema)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-STARTUP = (
-    "from shared.db.engine import init_db; from shared.queue import declare_embedded_queue; "
-    "init_db(); declare_embedded_queue('tuneq-2gpu')"
-)
+from tests.together import run_together
+
+SETUP = "from shared.db.engine import init_db; from shared.queue import declare_embedded_queue"
+STARTUP = "init_db(); declare_embedded_queue('tuneq-2gpu')"
 
 
 def test_concurrent_first_starts_all_succeed(tmp_path: Path) -> None:
@@ -21,6 +19,4 @@ def test_concurrent_first_starts_all_succeed(tmp_path: Path) -> None:
         env = {**os.environ, "TUNEQ_HOME": str(home)}
         for var in ("TUNEQ_DATABASE_URL", "TUNEQ_BROKER_URL"):
             env.pop(var, None)
-        procs = [subprocess.Popen([sys.executable, "-c", STARTUP], env=env, stderr=subprocess.PIPE) for _ in range(4)]
-        results = [(p.wait(timeout=120), p.stderr.read().decode() if p.stderr else "") for p in procs]
-        assert all(code == 0 for code, _ in results), [err[-800:] for code, err in results if code]
+        run_together(SETUP, STARTUP, env=env, n=4)

@@ -42,6 +42,7 @@ from shared.db.engine import (
 from shared.ports import free_port
 from tests.conftest import clear_caches
 from tests.services import fresh_postgres_schema
+from tests.together import run_together
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAD = ", ".join(head_revisions())
@@ -346,27 +347,19 @@ def test_a_server_database_is_checked_not_migrated(empty_postgres_url: str) -> N
     init_db()
 
 
-def _concurrently(code: str, env: dict[str, str], n: int = 4) -> None:
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True) for _ in range(n)
-    ]
-    results = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
-    assert all(code == 0 for code, _ in results), [err[-1500:] for code, err in results if code]
-
-
 def test_embedded_processes_starting_together_all_migrate(tmp_path: Path) -> None:
     for round_ in range(3):
         home = tmp_path / f"home{round_}"
         env = {**os.environ, "TUNEQ_HOME": str(home)}
         env.pop("TUNEQ_DATABASE_URL", None)
-        _concurrently("from shared.db.engine import init_db; init_db()", env)
+        run_together("from shared.db.engine import init_db", "init_db()", env=env, n=4)
         with migration_engine(f"sqlite:///{home / 'tuneq.sqlite'}") as engine:
             assert revisions(engine) == head_revisions()
             assert schema_differences(engine) == []
 
 
 def test_postgres_migrators_take_turns(empty_postgres_url: str) -> None:
-    _concurrently("from shared.db.engine import migrate_database; migrate_database()", {**os.environ}, n=3)
+    run_together("from shared.db.engine import migrate_database", "migrate_database()", env={**os.environ}, n=3)
     with migration_engine(empty_postgres_url) as engine:
         assert revisions(engine) == head_revisions()
         assert schema_differences(engine) == []
