@@ -210,9 +210,6 @@ class FineTuneRecipe:
             )
         except (DatasetError, TokenizationError) as e:
             raise InvalidInputError(str(e)) from None
-        dataset = SampleRows(
-            data.train, data.rows, packing=data.packing, padding_free=data.padding_free, max_seq_length=opts.seq_length
-        )
 
         # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
         inputs = AutoInputs(opts, self.world_size)
@@ -221,7 +218,18 @@ class FineTuneRecipe:
             batch_sizes = resolve_deepspeed_config(early_config, world_size=self.world_size)
         except DeepSpeedConfigError as e:
             raise InvalidInputError(f"deepspeed_config: {e.message}") from None
-        model, model_load = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
+        loaded = load_model(spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage)
+        model = loaded.model
+        # Flash attention keeps the samples sharing a row apart only in a batch of one row.
+        single_row = loaded.attention == "flash_attention_2"
+        dataset = SampleRows(
+            data.train,
+            data.rows,
+            packing=data.packing,
+            padding_free=data.padding_free,
+            max_seq_length=opts.seq_length,
+            single_row=single_row,
+        )
 
         micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
         self.loader, self.sampler = self._loader(dataset, micro_batch, training=True)
@@ -233,6 +241,7 @@ class FineTuneRecipe:
                 packing=data.packing,
                 padding_free=data.padding_free,
                 max_seq_length=opts.seq_length,
+                single_row=single_row,
             )
             self.eval_loader, _ = self._loader(rows, micro_batch, training=False)
         self.steps_per_epoch = count_steps_per_epoch(
@@ -259,7 +268,8 @@ class FineTuneRecipe:
                 packing=data.packing,
                 world_size=self.world_size,
                 deepspeed_config=config,
-                model_load=model_load,
+                model_load=loaded.load,
+                attention=loaded.attention,
                 dataset_stats=data.stats(),
             )
         )
