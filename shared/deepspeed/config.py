@@ -230,3 +230,9 @@ def missing_packages(config: Mapping[str, Any]) -> list[DeepSpeedConfigError]:
 def wants_fp16(config: dict[str, Any]) -> bool:
     section = config.get("fp16")
     return isinstance(section, dict) and section.get("enabled") is True
+
+
+def wants_half_precision(config: dict[str, Any]) -> bool:
+    """fp16 or bf16 (DeepSpeed reads bf16's section as "bf16" or "bfloat16")."""
+    sections = (config.get(name) for name in ("bf16", "bfloat16"))
+    return wants_fp16(config) or any(isinstance(s, dict) and s.get("enabled") is True for s in sections)

@@ -26,6 +26,7 @@ class PlanEvent(BaseModel):
     deepspeed_config: dict[str, Any] | None = None  # as run, every "auto" filled
     # "partitioned": built under ZeRO-3's zero.Init, no rank ever held the whole model.
     model_load: Literal["full", "partitioned"] = "full"
+    attention: str | None = None  # the attention implementation the model ran (training.attention settled)
     # Fused kernels applied to the model (training.kernels), e.g. ["rms_norm", "swiglu", "rope",
     # "fused_linear_cross_entropy"]; and whether DeepSpeed's engine.compile() ran (training.compile).
     kernels: list[str] = []

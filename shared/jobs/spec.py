@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from shared.data.records import DatasetFormat
+from shared.jobs.attention import AttentionChoice
 
 
 class LoraOptions(BaseModel):
@@ -80,6 +81,14 @@ class TrainingOptions(BaseModel):
         description=(
             "Lay each micro-batch's rows end to end in one row instead of padding them to the longest: "
             "the same samples, steps and loss, no compute spent on padding."
+        ),
+    )
+    attention: AttentionChoice = Field(
+        default="auto",
+        description=(
+            "The model's attention implementation: eager, sdpa, flash_attention_2 or flex_attention. auto picks "
+            "the fastest that computes the same attention as eager for this model and hardware (the job's plan "
+            "event says which). GPT-Neo's sdpa and flex_attention are tuneq's, with its local layers' window."
         ),
     )
     kernels: Literal["auto", "off"] = Field(

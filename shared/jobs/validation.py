@@ -19,6 +19,7 @@ from shared.deepspeed.auto_values import FILLABLE, AutoInputs, auto_keys, fill_a
 from shared.deepspeed.chosen import DeepSpeedChoiceError, choose_deepspeed_config
 from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, resolve_deepspeed_config
 from shared.deepspeed.safety import sanitize_deepspeed_config
+from shared.jobs.attention import submit_attention_problem
 from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.spec import JobCreate, TrainingOptions, max_positions_of
 from shared.settings import Settings
@@ -209,6 +210,13 @@ def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Har
         training = settled_training(job_in, model_config)
     except ValueError as e:
         problems.append(Problem(("body", "training", "max_seq_length"), str(e)))
+    attention_problem = submit_attention_problem(
+        job_in.training.attention,
+        model_config=model_config,
+        accelerator=hardware.accelerator if hardware is not None else None,
+    )
+    if attention_problem is not None:
+        problems.append(Problem(("body", "training", "attention"), attention_problem))
     problems += dataset_problems(job_in.dataset, job_in, settings, field="dataset")
     if job_in.validation_dataset is not None:
         problems += dataset_problems(job_in.validation_dataset, job_in, settings, field="validation_dataset")

@@ -8,8 +8,9 @@ first token of a sample is not a label, so no sample learns from the one before 
 ``padding_free`` uses the same mechanism one level up: a micro-batch's rows go end to end
 into a single row instead of being padded to the longest, so the step sees the same samples
 and computes the same loss (mean over the same label tokens) with no padding in it. This is
-Hugging Face's ``DataCollatorWithFlattening``; on CUDA with flash attention, transformers
-turns the restarting positions into variable-length attention.
+Hugging Face's ``DataCollatorWithFlattening``. With flash attention (``single_row``), whose
+variable-length path keeps samples apart only in a batch of one row, a micro-batch's rows,
+packed or padding-free, all go end to end into that one row.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ class SampleRows(Dataset[list[tuple[np.ndarray, np.ndarray]]]):
         packing: bool,
         padding_free: bool = False,
         max_seq_length: int | None = None,
+        single_row: bool = False,
     ) -> None:
         self.samples = samples
         self.packing = packing
         self.padding_free = padding_free
         self.max_seq_length = max_seq_length  # padding-free rows stay within it
+        # Rows of several samples (packed or padding-free) go into one row per micro-batch.
+        self.single_row = single_row and (packing or padding_free)
         self.rows = rows
 
     def __len__(self) -> int:
@@ -67,18 +71,26 @@ class RowCollator:
     """Pad a batch of rows to its longest (padding is never a label and never attended to), or
     with ``padding_free`` lay them end to end, in as few rows of at most ``max_seq_length``
     tokens as taking them in order allows (models such as GPT-Neo cannot attend over more
-    positions than they were built for, even when positions restart)."""
+    positions than they were built for, even when positions restart). ``single_row``: every
+    row of the batch end to end in one row, however long (flash attention's variable-length path)."""
 
     def __init__(
-        self, pad_token_id: int, *, packing: bool, padding_free: bool = False, max_seq_length: int | None = None
+        self,
+        pad_token_id: int,
+        *,
+        packing: bool,
+        padding_free: bool = False,
+        max_seq_length: int | None = None,
+        single_row: bool = False,
     ) -> None:
         self.pad_token_id = pad_token_id
         self.packing = packing
         self.padding_free = padding_free
         self.max_seq_length = max_seq_length
+        self.single_row = single_row
 
     def _end_to_end(self, rows: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-        limit = self.max_seq_length
+        limit = None if self.single_row else self.max_seq_length
         joined: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
         width = 0
         for row in rows:
@@ -91,7 +103,7 @@ class RowCollator:
         return joined
 
     def __call__(self, rows: list[list[tuple[np.ndarray, np.ndarray]]]) -> Batch:
-        if self.padding_free:
+        if self.padding_free or self.single_row:
             rows = self._end_to_end(rows)
         widths = [sum(len(ids) for ids, _ in row) for row in rows]
         width = max(widths)
@@ -142,7 +154,11 @@ def make_loader(
         batch_size=micro_batch,
         sampler=sampler,
         collate_fn=RowCollator(
-            pad_token_id, packing=rows.packing, padding_free=rows.padding_free, max_seq_length=rows.max_seq_length
+            pad_token_id,
+            packing=rows.packing,
+            padding_free=rows.padding_free,
+            max_seq_length=rows.max_seq_length,
+            single_row=rows.single_row,
         ),
         drop_last=drop_last,
     )

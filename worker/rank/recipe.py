@@ -39,7 +39,7 @@ from worker.errors import InvalidInputError
 from worker.rank import checkpointing
 from worker.rank.batches import IGNORE_INDEX, Batch, SampleRows, make_loader
 from worker.rank.kernels import choose_compile, choose_kernels, liger_installed
-from worker.rank.model_loading import load_model, load_tokenizer, model_config, settle_training
+from worker.rank.model_loading import load_config, load_model, load_tokenizer, settle_training
 from worker.rank.reporting import EventWriter, write_paused
 
 logger = logging.getLogger(__name__)
@@ -212,9 +212,6 @@ class FineTuneRecipe:
             )
         except (DatasetError, TokenizationError) as e:
             raise InvalidInputError(str(e)) from None
-        dataset = SampleRows(
-            data.train, data.rows, packing=data.packing, padding_free=data.padding_free, max_seq_length=opts.seq_length
-        )
 
         # Batch sizes do not depend on the model, and ZeRO-3 needs them to build it partitioned.
         inputs = AutoInputs(opts, self.world_size)
@@ -227,7 +224,7 @@ class FineTuneRecipe:
         device_type = get_accelerator().device_name()
         kernels = choose_kernels(
             opts,
-            model_type=model_config(spec).model_type,
+            model_type=load_config(spec).model_type,
             device_type=device_type,
             zero_stage=batch_sizes.zero_stage,
             liger_available=liger_installed(),
@@ -238,8 +235,19 @@ class FineTuneRecipe:
                 logger.info("%s", note)
         if kernels.warn and kernels.note is not None:
             self.events.emit(WarningEvent(message=kernels.note))
-        model, model_load = load_model(
+        loaded = load_model(
             spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage, kernels=kernels.kernels
+        )
+        model = loaded.model
+        # Flash attention keeps the samples sharing a row apart only in a batch of one row.
+        single_row = loaded.attention == "flash_attention_2"
+        dataset = SampleRows(
+            data.train,
+            data.rows,
+            packing=data.packing,
+            padding_free=data.padding_free,
+            max_seq_length=opts.seq_length,
+            single_row=single_row,
         )
 
         micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
@@ -252,6 +260,7 @@ class FineTuneRecipe:
                 packing=data.packing,
                 padding_free=data.padding_free,
                 max_seq_length=opts.seq_length,
+                single_row=single_row,
             )
             self.eval_loader, _ = self._loader(rows, micro_batch, training=False)
         self.steps_per_epoch = count_steps_per_epoch(
@@ -278,7 +287,8 @@ class FineTuneRecipe:
                 packing=data.packing,
                 world_size=self.world_size,
                 deepspeed_config=config,
-                model_load=model_load,
+                model_load=loaded.load,
+                attention=loaded.attention,
                 kernels=list(kernels.kernels),
                 compiled=compiling.compile,
                 dataset_stats=data.stats(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,31 @@ def test_fp16_needs_cuda_when_the_workers_are_known(settings: Settings, model_di
     assert "fp16 needs a CUDA GPU" in cpu_only[("body", "deepspeed_config", "fp16", "enabled")]
     assert problems(seed, settings, Hardware("cuda", 8)) == {}
     assert problems(seed, settings, None) == {}  # unknown: the worker decides, within seconds
+
+
+def test_attention_that_can_never_work_is_refused_at_submit(settings: Settings, model_dir: Path, dataset: Path) -> None:
+    def attention_problem(attention: str, model_config: dict[str, Any], hardware: Hardware | None) -> str | None:
+        (model_dir / "config.json").write_text(json.dumps(model_config))
+        found = problems(job(model_dir, dataset, training={"attention": attention}), settings, hardware)
+        return found.get(("body", "training", "attention"))
+
+    neo, llama = {"model_type": "gpt_neo"}, {"model_type": "llama", "attention_dropout": 0.1}
+    gpu, cpu = Hardware("cuda", 1), Hardware("cpu", 2)
+    message = attention_problem("flash_attention_2", neo, gpu)
+    assert message is not None and "drops the local layers' window" in message
+    assert "set training.attention to sdpa or flex_attention" in message
+    message = attention_problem("flash_attention_2", llama, cpu)
+    assert message is not None and "needs a CUDA GPU" in message and "have no GPU" in message
+    message = attention_problem("flex_attention", {"model_type": "llama"}, cpu)
+    assert message is not None and "flex_attention trains on CUDA GPUs only" in message
+    message = attention_problem("flex_attention", llama, gpu)
+    assert message is not None and "attention_dropout 0.1" in message
+    # What may work is left to the ranks: a GPU deployment, unknown workers, a hub model.
+    assert attention_problem("flash_attention_2", llama, gpu) is None
+    assert attention_problem("flex_attention", neo, None) is None
+    assert attention_problem("sdpa", neo, cpu) is None
+    hub = job("EleutherAI/gpt-neo-125m", dataset, training={"attention": "flash_attention_2"})
+    assert problems(hub, settings, gpu) == {}
 
 
 def test_more_devices_than_any_worker_has(settings: Settings, model_dir: Path, dataset: Path) -> None:

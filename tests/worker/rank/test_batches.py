@@ -94,6 +94,25 @@ def test_padding_free_rows_stay_within_max_seq_length() -> None:
     assert (batch.real_tokens, batch.samples, batch.slots) == (9, 3, 10)
 
 
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_single_row_lays_every_row_end_to_end(padding_free: bool) -> None:
+    """Flash attention keeps samples apart only in a batch of one row: packed or padding-free
+    rows all go into it, past max_seq_length (positions still restart at each sample)."""
+    samples = samples_of([5, 6, 7], [8, 9], [3, 4, 2, 1])
+    rows = SampleRows(
+        samples, [[0, 1], [2]], packing=True, padding_free=padding_free, max_seq_length=5, single_row=True
+    )
+    collate = RowCollator(
+        pad_token_id=0, packing=True, padding_free=padding_free, max_seq_length=5, single_row=rows.single_row
+    )
+    batch = collate([rows[0], rows[1]])
+    assert batch.inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9, 3, 4, 2, 1]]
+    assert batch.inputs["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    assert "attention_mask" not in batch.inputs
+    # Rows of one sample each, padded with a mask, stay as they are.
+    assert not SampleRows(samples, [[0], [1]], packing=False, single_row=True).single_row
+
+
 def test_padding_free_batch_has_the_padded_batch_loss(tiny_model_template: Path) -> None:
     """Same samples, same label tokens, same mean: only the padding's compute is gone."""
     from transformers import AutoModelForCausalLM

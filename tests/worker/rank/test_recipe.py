@@ -149,11 +149,14 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
         "after-pause",
         ResumePoint(checkpoints_dir=str(paused_layout.checkpoints_dir), tag="step-00000001", step=1),
     )
-    train([full, mid_epoch, epoch_end, sparse, paused, after_pause])
+    # GPT-Neo through tuneq's sdpa attention (auto keeps eager on a CPU): the same training.
+    sdpa = spec("sdpa", attention="sdpa")
+    train([full, mid_epoch, epoch_end, sparse, paused, after_pause, sdpa])
 
     events = events_of(full)
     plan = events[0]
     assert isinstance(plan, PlanEvent)
+    assert plan.attention == "eager"
     assert (plan.steps_per_epoch, plan.total_steps) == (8, 16)  # optimizer steps, not micro-batches
     assert plan.deepspeed_config is not None
     assert plan.deepspeed_config["scheduler"]["params"]["total_num_steps"] == 16
@@ -190,6 +193,12 @@ def test_a_run_reports_every_step_and_a_resume_continues_it(
     assert losses_of(continued) == {step: losses[step] for step in range(2, 17)}
     assert [e for e in continued if isinstance(e, MetricEvent)][-1].tokens_seen == metrics[-1].tokens_seen
     assert RunLayout(Path(full.run_dir)).paused_at(full.attempt) is None  # it ran to the end
+
+    sdpa_events = events_of(sdpa)
+    assert isinstance(sdpa_events[0], PlanEvent) and sdpa_events[0].attention == "sdpa"
+    sdpa_losses = losses_of(sdpa_events)
+    assert sdpa_losses.keys() == losses.keys()
+    assert all(abs(sdpa_losses[s] - loss) <= 1e-4 * loss for s, loss in losses.items() if loss is not None)
 
     # A checkpoint between two reports counts the tokens of the steps not reported yet.
     sparse_checkpoint = RunLayout(Path(sparse.run_dir)).checkpoints_dir / "step-00000004"
