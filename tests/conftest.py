@@ -34,6 +34,8 @@ BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# First: pytest-xdist's own hook (in each test process) reads the xdist_group markers added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow (end-to-end) tests first, in their order: with several test processes the
     longest files start at once and the quick ones fill the gaps, instead of a long file
