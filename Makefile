@@ -39,13 +39,15 @@ demo: install
 
 # Two test processes (pytest-xdist), each file's tests in one of them so a module's shared
 # service is started once: the end-to-end tests wait on jobs and processes as much as they compute.
+# In tests/conftest.py's order (the long end-to-end files first), not xdist's default of the
+# files with the most tests first, which left the slowest single tests for last.
 TEST_WORKERS ?= 2
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 # A few hundred tiny jobs while Postgres and Redis restart and a worker stops (tests/soak.py):
 # every job run once, no 5xx but 503 + Retry-After, nothing left in /dev/shm or the process

@@ -203,6 +203,17 @@ def job_body(home: Path, dataset: str, **fields: Any) -> dict[str, Any]:
     return {"model": str(home / "data" / "tiny-gpt-neo"), "dataset": location, **fields}
 
 
+def wait_until(predicate: Any, *, timeout: float, what: str, tuneq: Tuneq) -> Any:
+    """``predicate()``'s first truthy value, polled until ``timeout``; else a TimeoutError
+    saying ``what`` did not happen, with the end of the service's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.3)
+    raise TimeoutError(f"{what}\n{tuneq.log_tail()}")
+
+
 def wait_gone(processes: list[psutil.Process], *, timeout: float) -> list[psutil.Process]:
     """The processes still running (not zombies) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

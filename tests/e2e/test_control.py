@@ -24,7 +24,7 @@ from shared.ports import free_port
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import ARTIFACTS_BUCKET, s3_artifacts_env
-from .harness import Tuneq, wait_gone
+from .harness import Tuneq, wait_gone, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
@@ -61,16 +61,6 @@ def service(tmp_path: Path, data: Path, **env: str) -> Tuneq:
     return Tuneq(home=tmp_path / "home", env={"TUNEQ_ALLOWED_ROOTS": str(data), **FAST_CONTROL, **env}, split=True)
 
 
-def wait_for(predicate: Any, *, timeout: float, what: str, service: Tuneq) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(f"{what}\n{service.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory, data: Path, redis_url: str) -> Iterator[Tuneq]:
     """One service (Redis as the broker) for the tests that neither kill its processes nor need
@@ -94,7 +84,7 @@ def test_cancel_stops_every_rank_within_the_grace_period(shared: Tuneq, data: Pa
     tuneq = shared
     job = tuneq.submit(long_job(data))
     queued_behind = tuneq.submit(long_job(data))  # one job per worker: this one waits
-    wait_for(lambda: tuneq.job(job["id"])["step"] >= 3, timeout=180, what="no steps", service=tuneq)
+    wait_until(lambda: tuneq.job(job["id"])["step"] >= 3, timeout=180, what="no steps", tuneq=tuneq)
     ranks = tuneq.ranks_of(job["id"])
     assert ranks, "no rank processes found"
     assert tuneq.client.post(f"/jobs/{queued_behind['id']}/cancel").json()["status"] == "cancelled"
@@ -130,7 +120,7 @@ def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(shared:
     try:
         steps = 200  # enough that the pause comes long before the end
         job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=50))
-        wait_for(lambda: tuneq.job(job["id"])["step"] >= 5, timeout=180, what="no steps", service=tuneq)
+        wait_until(lambda: tuneq.job(job["id"])["step"] >= 5, timeout=180, what="no steps", tuneq=tuneq)
         ranks = tuneq.ranks_of(job["id"])
         assert ranks, "no rank processes found"
         assert tuneq.client.post(f"/jobs/{job['id']}/pause").json()["status"] == "pausing"
@@ -153,7 +143,7 @@ def test_pause_frees_the_worker_and_resume_continues_from_the_pause_step(shared:
                 holder = conn.execute(query, {"id": job["id"].replace("-", "")}).one()
             return idle == 1 and tuple(holder) == (None, None)
 
-        wait_for(worker_idle, timeout=30, what="the worker never became idle", service=tuneq)
+        wait_until(worker_idle, timeout=30, what="the worker never became idle", tuneq=tuneq)
         assert tuneq.job(job["id"])["status"] == "paused"
         assert tuneq.client.post(f"/jobs/{job['id']}/pause").json()["status"] == "paused"  # again: no change
 
@@ -192,11 +182,11 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
         # the first comes early.
         steps = 240
         job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=10))
-        checkpoint = wait_for(
+        checkpoint = wait_until(
             lambda: [c for c in tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"] if c["kind"] == "deepspeed"],
             timeout=180,
             what="no checkpoint",
-            service=tuneq,
+            tuneq=tuneq,
         )
         ranks = tuneq.ranks_of(job["id"])
         assert ranks
@@ -240,11 +230,11 @@ def test_the_store_going_away_mid_run_delays_uploads_not_the_job(
     tuneq = service(tmp_path, data, **store, TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS="20").start()
     try:
         job = tuneq.submit(body(data, epochs=100, max_steps=30, checkpoint_every_steps=5, keep_checkpoints=2))
-        wait_for(
+        wait_until(
             lambda: tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"],
             timeout=180,
             what="no checkpoint",
-            service=tuneq,
+            tuneq=tuneq,
         )
         loopback_s3.stop()
 
@@ -252,7 +242,7 @@ def test_the_store_going_away_mid_run_delays_uploads_not_the_job(
             events = tuneq.get(f"/jobs/{job['id']}/events?limit=1000")["data"]
             return [e["data"]["state"] for e in events if e["type"] == "artifact"]
 
-        wait_for(lambda: "retrying" in artifact_events(), timeout=120, what="no retry event", service=tuneq)
+        wait_until(lambda: "retrying" in artifact_events(), timeout=120, what="no retry event", tuneq=tuneq)
         time.sleep(2)
         loopback_s3.start()
         done = tuneq.wait(job["id"], timeout=300)
@@ -300,11 +290,11 @@ def test_a_poison_job_fails_after_max_restarts_plus_one_attempts(tmp_path: Path,
     try:
         job = tuneq.submit({**long_job(data), "max_restarts": 1})
         for attempt in (1, 2):
-            wait_for(
+            wait_until(
                 lambda a=attempt: tuneq.job(job["id"])["attempts"] == a and tuneq.job(job["id"])["status"] == "running",
                 timeout=120,
                 what=f"attempt {attempt} never ran",
-                service=tuneq,
+                tuneq=tuneq,
             )
             tuneq.kill(tuneq.processes[-1])
             tuneq.start_worker()

@@ -15,7 +15,7 @@ from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import s3_artifacts_env
-from .harness import Tuneq, start_cluster, wait_gone
+from .harness import Tuneq, start_cluster, wait_gone, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,18 @@ def test_two_nodes_train_as_one_node_with_two_ranks(cluster: Tuneq, data: Path) 
     done = cluster.wait(gang["id"], timeout=300)
     assert done["status"] == "succeeded", (done["error"], cluster.log_tail())
     assert done["attempts"] == 1 and done["step"] == STEPS
-    nodes = done["nodes"]
+
+    # Each node's worker records its own node finished, node 1's possibly just after the job ended.
+    def finished() -> list[dict[str, Any]] | None:
+        nodes: list[dict[str, Any]] = cluster.job(gang["id"])["nodes"]
+        return nodes if {n["state"] for n in nodes} == {"finished"} else None
+
+    nodes = wait_until(
+        finished,
+        timeout=30,
+        what="the nodes never finished",
+        tuneq=cluster,
+    )
     assert [(n["node_rank"], n["ranks"], n["state"]) for n in nodes] == [
         (0, [0, 0], "finished"),
         (1, [1, 1], "finished"),

@@ -16,7 +16,7 @@ import pytest
 from tests.services import LoopbackS3, fresh_postgres_schema
 
 from .conftest import s3_artifacts_env
-from .harness import Tuneq, start_cluster, wait_for_workers, wait_gone
+from .harness import Tuneq, start_cluster, wait_for_workers, wait_gone, wait_until
 from .test_multi_node import body
 
 pytestmark = [pytest.mark.slow, pytest.mark.spread]
@@ -43,15 +43,6 @@ def long_gang(data: Path) -> dict[str, Any]:
         num_nodes=2,
         training={"max_seq_length": 48, "epochs": 100, "max_steps": STEPS, "checkpoint_every_steps": 10, "seed": 7},
     )
-
-
-def until(predicate: Any, *, timeout: float, what: str, tuneq: Tuneq) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(f"{what}\n{tuneq.log_tail()}")
 
 
 def events(tuneq: Tuneq, job_id: str, kind: str) -> list[dict[str, Any]]:
@@ -85,7 +76,7 @@ def check_resumed_whole(tuneq: Tuneq, job_id: str, *, committed_before: int) -> 
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # every step once
     (resumed,) = events(tuneq, job_id, "resumed")
     assert resumed["from_step"] % 10 == 0 and resumed["from_step"] >= committed_before
-    until(
+    wait_until(
         lambda: [n["state"] for n in tuneq.job(job_id)["nodes"]] == ["finished", "finished"],
         timeout=30,
         what="the nodes never finished",
@@ -102,7 +93,7 @@ def test_a_lost_nodes_worker_stops_the_gang_and_it_resumes_on_two_workers(
     tuneq = start_cluster(tmp_path, data, database=database, broker=redis_url, store=store, hosts=2, **FAST)
     try:
         job = tuneq.submit(long_gang(data))
-        (first, *_) = until(lambda: committed(tuneq, job["id"]), timeout=240, what="no checkpoint", tuneq=tuneq)
+        (first, *_) = wait_until(lambda: committed(tuneq, job["id"]), timeout=240, what="no checkpoint", tuneq=tuneq)
         nodes = tuneq.job(job["id"])["nodes"]
         ranks = tuneq.ranks_of(job["id"])
         assert len(ranks) == 2
@@ -130,7 +121,7 @@ def test_a_stopped_rank_is_detected_and_the_gang_resumes(
     tuneq = start_cluster(tmp_path, data, database=database, broker=redis_url, store=store, hosts=2, **FAST)
     try:
         job = tuneq.submit(long_gang(data))
-        (first, *_) = until(lambda: committed(tuneq, job["id"]), timeout=240, what="no checkpoint", tuneq=tuneq)
+        (first, *_) = wait_until(lambda: committed(tuneq, job["id"]), timeout=240, what="no checkpoint", tuneq=tuneq)
         ranks = tuneq.ranks_of(job["id"])
         stopped = next(p for p in ranks if "rank 1/2" in " ".join(p.cmdline()))
         os.kill(stopped.pid, signal.SIGSTOP)  # alive, but frozen: its peer waits in a collective
