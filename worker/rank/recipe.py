@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -240,29 +241,22 @@ class FineTuneRecipe:
         )
         model = loaded.model
         # Flash attention keeps the samples sharing a row apart only in a batch of one row.
-        single_row = loaded.attention == "flash_attention_2"
-        dataset = SampleRows(
-            data.train,
-            data.rows,
+        rows_of = partial(
+            SampleRows,
             packing=data.packing,
             padding_free=data.padding_free,
             max_seq_length=opts.seq_length,
-            single_row=single_row,
+            single_row=loaded.attention == "flash_attention_2",
         )
+        dataset = rows_of(data.train, data.rows)
 
         micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
         self.loader, self.sampler = self._loader(dataset, micro_batch, training=True)
         self.eval_loader = None
         if data.validation is not None and data.validation_rows is not None:
-            rows = SampleRows(
-                data.validation,
-                data.validation_rows,
-                packing=data.packing,
-                padding_free=data.padding_free,
-                max_seq_length=opts.seq_length,
-                single_row=single_row,
+            self.eval_loader, _ = self._loader(
+                rows_of(data.validation, data.validation_rows), micro_batch, training=False
             )
-            self.eval_loader, _ = self._loader(rows, micro_batch, training=False)
         self.steps_per_epoch = count_steps_per_epoch(
             len(dataset), world_size=self.world_size, micro_batch=micro_batch, accumulation=self.accumulation
         )
