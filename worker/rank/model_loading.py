@@ -53,11 +53,11 @@ def load_config(spec: TrainingSpec) -> Any:
         raise InvalidInputError(f"model '{spec.model}': cannot load its config ({e})") from None
 
 
-def settle_training(spec: TrainingSpec) -> TrainingOptions:
+def settle_training(spec: TrainingSpec, config: Any) -> TrainingOptions:
     """The job's training options settled for its model (``max_seq_length`` against the
-    model's positions), read from its config before any data is tokenized."""
+    positions in its ``config``), before any data is tokenized."""
     try:
-        return spec.training.for_model(max_positions_of(load_config(spec).to_dict()))
+        return spec.training.for_model(max_positions_of(config.to_dict()))
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
 
@@ -70,9 +70,15 @@ class LoadedModel:
 
 
 def load_model(
-    spec: TrainingSpec, *, deepspeed_config: dict[str, Any], zero_stage: int, kernels: Sequence[str] = ()
+    spec: TrainingSpec,
+    *,
+    config: Any,
+    deepspeed_config: dict[str, Any],
+    zero_stage: int,
+    kernels: Sequence[str] = (),
 ) -> LoadedModel:
-    """The model, how it was built, and the attention it runs.
+    """The model (its transformers ``config`` read once, by :func:`load_config`), how it was
+    built, and the attention it runs.
 
     Under ZeRO-3 each layer is built inside ``deepspeed.zero.Init`` and only this rank's
     shard of its weights is kept, so a model larger than one device (or one host's memory
@@ -84,7 +90,6 @@ def load_model(
     from deepspeed.accelerator import get_accelerator
     from transformers import AutoModelForCausalLM
 
-    config = load_config(spec)
     facts = AttentionFacts(
         device_type=get_accelerator().device_name(),
         half_precision=wants_half_precision(deepspeed_config),

@@ -186,7 +186,9 @@ class FineTuneRecipe:
         """Tokenizer, data, model and engine; then the step, schedule and data position to
         start from (a checkpoint of this job, or another job's weights)."""
         spec = self.spec
-        self.opts = opts = settle_training(spec)  # max_seq_length follows the model unless the job set it
+        # The model's config, read once: max_seq_length follows the model unless the job set it.
+        model_config = load_config(spec)
+        self.opts = opts = settle_training(spec, model_config)
         # NCCL on CUDA hosts, gloo (or ccl) on CPU; across nodes, at MASTER_ADDR:MASTER_PORT.
         deepspeed.init_distributed(timeout=timedelta(minutes=spec.dist_timeout_minutes))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -225,7 +227,7 @@ class FineTuneRecipe:
         device_type = get_accelerator().device_name()
         kernels = choose_kernels(
             opts,
-            model_type=load_config(spec).model_type,
+            model_type=model_config.model_type,
             device_type=device_type,
             zero_stage=batch_sizes.zero_stage,
             liger_available=liger_installed(),
@@ -237,7 +239,11 @@ class FineTuneRecipe:
         if kernels.warn and kernels.note is not None:
             self.events.emit(WarningEvent(message=kernels.note))
         loaded = load_model(
-            spec, deepspeed_config=early_config, zero_stage=batch_sizes.zero_stage, kernels=kernels.kernels
+            spec,
+            config=model_config,
+            deepspeed_config=early_config,
+            zero_stage=batch_sizes.zero_stage,
+            kernels=kernels.kernels,
         )
         model = loaded.model
         # Flash attention keeps the samples sharing a row apart only in a batch of one row.

@@ -29,7 +29,7 @@ from worker.rank.attention import (
     install_attention,
 )
 from worker.rank.batches import RowCollator
-from worker.rank.model_loading import load_model
+from worker.rank.model_loading import load_config, load_model
 
 WINDOW = 8
 STEPS = 20
@@ -243,13 +243,14 @@ def test_load_model_builds_the_chosen_attention(gpt_neo: Path) -> None:
             cache_dir="/cache",
         )
 
-    auto = load_model(spec("auto"), deepspeed_config={}, zero_stage=0)
+    config = load_config(spec("auto"))
+    auto = load_model(spec("auto"), config=config, deepspeed_config={}, zero_stage=0)
     assert auto.attention == "eager" and auto.model.config._attn_implementation == "eager"
-    sdpa = load_model(spec("sdpa"), deepspeed_config={}, zero_stage=0)
+    sdpa = load_model(spec("sdpa"), config=config, deepspeed_config={}, zero_stage=0)
     assert sdpa.attention == "sdpa" and sdpa.model.config._attn_implementation == "sdpa"
     assert any(isinstance(m, GPTNeoLocalWindowAttention) for m in sdpa.model.modules())
     with pytest.raises(InvalidInputError, match=r"training.attention flex_attention trains on CUDA GPUs only"):
-        load_model(spec("flex_attention"), deepspeed_config={}, zero_stage=0)
+        load_model(spec("flex_attention"), config=config, deepspeed_config={}, zero_stage=0)
 
 
 def test_refusals_name_the_field_and_the_fix(gpt_neo: Path, llama: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from cli.samples import build_tiny_model
 from shared.jobs.spec import TrainingOptions, TrainingSpec
 from worker.errors import InvalidInputError
-from worker.rank.model_loading import settle_training
+from worker.rank.model_loading import load_config, settle_training
 
 
 def spec(model: Path, training: TrainingOptions) -> TrainingSpec:
@@ -31,8 +31,9 @@ def test_the_ranks_settle_max_seq_length_from_the_models_config(tmp_path: Path) 
     """What a hub model gets (the API cannot read its config): the default follows the model,
     and a value past its positions fails the attempt as the user's input, before any data."""
     model = build_tiny_model(tmp_path / "model", max_positions=128)
-    assert settle_training(spec(model, TrainingOptions())).max_seq_length == 128
+    config = load_config(spec(model, TrainingOptions()))
+    assert settle_training(spec(model, TrainingOptions()), config).max_seq_length == 128
     with pytest.raises(InvalidInputError, match="max_seq_length 4096 exceeds the model's 128 positions"):
-        settle_training(spec(model, TrainingOptions(max_seq_length=4096)))
+        settle_training(spec(model, TrainingOptions(max_seq_length=4096)), config)
     with pytest.raises(InvalidInputError, match="cannot load its config"):
-        settle_training(spec(tmp_path / "missing", TrainingOptions()))
+        load_config(spec(tmp_path / "missing", TrainingOptions()))
