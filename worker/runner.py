@@ -802,8 +802,10 @@ def _record_outcome(
             wait = GANG_DECISION_SECONDS / (2 if attempt.first_node else 1)
             _end_gang_unless_decided(attempt, ending, lease=lease, wait_seconds=wait)
         return
-    if ending.status == JobStatus.paused and attempt.node is not None:
-        _wait_for_other_nodes(attempt, lease=lease)  # their shares complete the pause checkpoint
+    if ending.status in (JobStatus.succeeded, JobStatus.paused) and attempt.node is not None:
+        # Their shares complete the last checkpoint (the pause's, or the final step's): a job
+        # seen succeeded or paused can be resumed from it at once.
+        _wait_for_other_nodes(attempt, lease=lease)
     while True:
         try:
             if ending.status == JobStatus.paused:
@@ -898,15 +900,15 @@ def _pause(job_id: uuid.UUID, number: int, *, layout: RunLayout, paused_at: int 
 
 
 def _wait_for_other_nodes(attempt: Attempt, *, lease: LeaseKeeper) -> None:
-    """Node 0 of a pausing gang, its own ranks gone and share uploaded: wait until every other
-    node has finished too (its share of the pause checkpoint uploaded, which commits it), or
-    the attempt ended some other way (a node lost: a reconciler released the gang). Node 0's
-    lease is held meanwhile."""
+    """Node 0 of a gang whose ranks finished or paused, its own ranks gone and share uploaded:
+    wait until every other node has finished too (its share of the last checkpoint uploaded,
+    which commits it), or the attempt ended some other way (a node lost: a reconciler released
+    the gang). Node 0's lease is held meanwhile."""
     while True:
         lease.hold()
         with session_scope() as session:
             job = session.get(Job, attempt.job_id)
-            if job is None or job.attempts != attempt.number or job.status != JobStatus.pausing:
+            if job is None or job.attempts != attempt.number or job.status not in ACTIVE:
                 return
             if not [n for n in open_nodes(session=session, job_id=job.id, attempt=attempt.number) if n != 0]:
                 return

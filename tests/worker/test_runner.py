@@ -405,3 +405,67 @@ def test_a_rank_whose_heartbeat_stopped_is_stalled_and_one_still_starting_is_not
     assert problem is not None and problem.startswith("rank 1 showed no sign of life for 4")
     # A heartbeat left by an earlier launch says nothing about this one.
     assert stalled_rank(layout, range(0, 2), since=time.time() - 10, limit=30) is None
+
+
+def test_node_0_marks_a_gang_succeeded_once_every_node_has_published_its_share(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A gang's last checkpoint is complete only with every node's shards in the store: node 0's
+    worker waits for the other nodes to finish (their uploads done) before the job succeeds,
+    so a client that sees it succeed can resume_from its last step at once."""
+    import threading
+
+    from shared.db.gangs import finish_node
+    from shared.jobs.spec import TrainingOptions, TrainingSpec
+    from tests.shared.db.test_gangs import new_job, start_placed_gang, status, workers
+    from worker.ingest import EventIngestor
+    from worker.publisher import ArtifactPublisher
+    from worker.runner import Attempt, DatabaseOutage, Ending, LeaseKeeper, _record_outcome
+
+    settings = get_settings()
+    workers("w1", "w2")
+    job = new_job(num_nodes=2)
+    nodes = {node.node_rank: node for node in start_placed_gang(job)}
+    layout = RunLayout(tmp_path / "host-0" / str(job.id))
+    store = ArtifactStore(str(tmp_path / "store"))
+    spec = TrainingSpec(
+        job_id=job.id,
+        model="a/b",
+        dataset="/d",
+        deepspeed_config={},
+        num_gpus=1,
+        training=TrainingOptions(),
+        run_dir=str(layout.root),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    placement = NodePlacement(node_rank=0, num_nodes=2, master_addr="10.0.0.2", master_port=29500)
+    attempt = Attempt(
+        job_id=job.id,
+        number=1,
+        worker_id=nodes[0].worker_id,
+        spec=spec,
+        layout=layout,
+        max_duration_seconds=None,
+        log_offset=0,
+        store=store,
+        placement=placement,
+    )
+    lease = LeaseKeeper(job_id=job.id, worker_id=nodes[0].worker_id, attempt=1, settings=settings, node_rank=0)
+    publisher = ArtifactPublisher(
+        job_id=job.id, layout=layout, store=store, deadline_seconds=5, keep_checkpoints=None, node=attempt.node
+    )
+    ingestor = EventIngestor(events_path=layout.events(1), log_path=None, job_id=job.id)
+    recording = threading.Thread(
+        target=_record_outcome,
+        args=(attempt, ingestor, publisher, Ending(JobStatus.succeeded, None, None)),
+        kwargs={"outage": DatabaseOutage(job_id=job.id, lease=lease), "lease": lease, "settings": settings},
+    )
+    recording.start()
+    try:
+        time.sleep(2.0)  # several of node 0's polls: node 1 is still uploading its share
+        assert status(job) == JobStatus.running
+    finally:
+        with Session(get_engine()) as session:
+            finish_node(session=session, job_id=job.id, attempt=1, node_rank=1, worker_id=nodes[1].worker_id)
+        recording.join(timeout=30)
+    assert not recording.is_alive() and status(job) == JobStatus.succeeded
