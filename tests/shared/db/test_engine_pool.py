@@ -1,6 +1,9 @@
-"""The Postgres pool: every connection kept (no overflow churn), a dead one replaced."""
+"""The Postgres pool: every connection kept (no overflow churn), a dead one replaced; the
+embedded SQLite's connection settings."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from psycopg.pq import TransactionStatus
@@ -67,5 +70,19 @@ def test_reads_share_the_pool_without_a_transaction(postgres_url: str) -> None:
         with engine.connect() as conn:  # the same connection, in a transaction again for writers
             conn.execute(text("SELECT 1"))
             assert conn.connection.dbapi_connection.info.transaction_status == TransactionStatus.INTRANS  # type: ignore[union-attr]
+    finally:
+        engine.dispose()
+
+
+def test_an_sqlite_connection_writes_ahead_and_commits_without_waiting_for_the_disk(tmp_path: Path) -> None:
+    # WAL (readers beside a writer), synchronous=NORMAL (no fsync per commit), foreign keys on.
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'tuneq.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            pragma = {
+                name: conn.execute(text(f"PRAGMA {name}")).scalar_one()
+                for name in ("journal_mode", "synchronous", "foreign_keys")
+            }
+        assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}  # 1: NORMAL (FULL is 2)
     finally:
         engine.dispose()
