@@ -45,7 +45,7 @@ class DatabaseNotMigrated(RuntimeError):
     """The database's schema is not at the revision this tuneq needs; the message says what to run."""
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_journal(dbapi_connection: Any, _record: Any) -> None:
     # The API and the worker are separate processes writing one file: WAL lets readers go on
     # while the worker writes a metric batch, and busy_timeout makes writers wait, not fail.
     # synchronous=NORMAL, SQLite's advice for WAL: a commit no longer waits for an fsync (a few
@@ -56,6 +56,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _sqlite_foreign_keys(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
@@ -63,7 +68,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_journal)
+        event.listen(engine, "connect", _sqlite_foreign_keys)
         return engine
     # At most 30 connections a process, as before (10 kept + 20 overflow), but all of them kept:
     # an overflow connection is closed when it goes back to the pool, so the API under load
@@ -160,10 +166,13 @@ def make_migration_engine(url: str | URL) -> Engine:
     """A one-connection engine for running migrations.
 
     On SQLite foreign keys stay off (SQLite's default): batch migrations copy a table and
-    drop the original, which other tables reference.
+    drop the original, which other tables reference. The journal is the app's (WAL, no fsync
+    per commit): a migration to head commits once per revision.
     """
     if make_url(url).get_backend_name() == "sqlite":
-        return create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+        event.listen(engine, "connect", _sqlite_journal)
+        return engine
     return create_engine(url, poolclass=NullPool)
 
 

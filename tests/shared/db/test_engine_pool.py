@@ -86,3 +86,14 @@ def test_an_sqlite_connection_writes_ahead_and_commits_without_waiting_for_the_d
         assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}  # 1: NORMAL (FULL is 2)
     finally:
         engine.dispose()
+    # Migrations (of a new database too) commit the same way, with foreign keys off for batch copies.
+    migrator = db.make_migration_engine(f"sqlite:///{tmp_path / 'new.sqlite'}")
+    try:
+        with migrator.connect() as conn:
+            pragma = {
+                name: conn.execute(text(f"PRAGMA {name}")).scalar_one()
+                for name in ("journal_mode", "synchronous", "foreign_keys")
+            }
+        assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 0}
+    finally:
+        migrator.dispose()
