@@ -195,10 +195,11 @@ def _tree_until(service: Tuneq, seconds: float) -> list[psutil.Process]:
     return list(seen.values())
 
 
-@pytest.mark.parametrize("after", [0.3, 2.0, 5.0, 9.0])
+@pytest.mark.parametrize("after", [0.3, 1.0, 2.5, 5.0])
 def test_dev_stopped_at_any_point_of_its_start_up_leaves_no_process(tmp_path: Path, after: float) -> None:
     """SIGTERM to `tuneq dev` while the API, the Celery worker, its pool child and the warm
-    start are still coming up: the whole tree is gone within dev's documented 30 s grace."""
+    start are still coming up (the API answers after about 2 s here, the warm start has its
+    imports after about 5): the whole tree is gone within dev's documented 30 s grace."""
     service = Tuneq(home=tmp_path / "home").launch()
     tree = _tree_until(service, after)
     dev = service.processes[0]
