@@ -40,11 +40,13 @@ endif
 demo: install
 	$(VENV)/bin/tuneq demo
 
-# Two test processes (pytest-xdist), each file's tests in one of them so a module's shared
-# service is started once: the end-to-end tests wait on jobs and processes as much as they compute.
-# In tests/conftest.py's order (the long end-to-end files first), not xdist's default of the
-# files with the most tests first, which left the slowest single tests for last.
-TEST_WORKERS ?= 2
+# Three test processes (pytest-xdist) on this 2-core machine, each file's tests in one of them
+# so a module's shared service is started once: the end-to-end tests wait (for a lease to run out,
+# a store to come back) as much as they compute, and with two processes the CPUs were idle a fifth
+# of the time (pytest 572 s with 2, 518 s with 3, BENCHMARKS.md). In tests/conftest.py's order
+# (the long end-to-end files first), not xdist's default of the files with the most tests first,
+# which left the slowest single tests for last.
+TEST_WORKERS ?= 3
 
 # tuneq's own modules compiled as an installed package's are (the editable install leaves them
 # as source): the tests start a few hundred tuneq processes.

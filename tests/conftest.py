@@ -28,7 +28,7 @@ REDIS_URL = os.environ.get("TUNEQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 
 # next poll (about a second), and a job of a test running beside this one may be in between.
 BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 # One thread per rank (and per test process): the launcher's default gives a 1-rank job every
-# core, and `make test` runs two test processes, each with jobs, on this 2-core machine. With more
+# core, and `make test` runs three test processes, each with jobs, on this 2-core machine. With more
 # OpenMP threads than free cores, threads spin waiting for each other: a tiny model's job then
 # takes 2-5 times the CPU (and time) for the same steps. A job's own OMP_NUM_THREADS still wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
