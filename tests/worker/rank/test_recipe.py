@@ -29,6 +29,10 @@ from shared.settings import Settings
 from worker import launcher
 from worker.shm_buffers import remove_job_buffers
 
+# Real DeepSpeed engines in a spawned child, half a minute a test: started with the end-to-end
+# tests (tests/conftest.py's order), not last, where they were the suite's tail.
+pytestmark = pytest.mark.slow
+
 # Every "auto" the ranks fill: batch sizes, learning rate and, once the data is batched,
 # the scheduler's total and warmup steps. fp32 (no fp16/bf16 section), so losses repeat exactly.
 DEEPSPEED_CONFIG: dict[str, Any] = {
