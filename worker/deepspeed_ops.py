@@ -13,10 +13,17 @@ DeepSpeed itself, and this finds them there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from shared.jobs.run_layout import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +32,47 @@ OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
 
 
 def remember_cpu_info() -> None:
-    """Ask py-cpuinfo once per process. Its ``get_cpu_info`` starts a Python subprocess on every
-    call (over a second of CPU), and DeepSpeed calls it twice for each op it loads (the ``-march``
-    and SIMD flags) and again for each CPU Adam optimizer it makes. The CPU does not change under
-    a process, and ranks forked from the warm start inherit the answer."""
+    """Ask py-cpuinfo once per host, not on every call. Its ``get_cpu_info`` starts a Python
+    subprocess each time (over a second of CPU), and DeepSpeed calls it twice for each op it
+    loads (the ``-march`` and SIMD flags) and again for each CPU Adam optimizer it makes. The
+    answer is kept for the process (ranks forked from the warm start inherit it) and beside the
+    ops it chose the flags of (``TORCH_EXTENSIONS_DIR/tuneq-cpuinfo``, the ranks' environment's,
+    else ``launcher.OPS_BUILD_DIR``), keyed by ``/proc/cpuinfo`` without its clock lines: the
+    next worker's warm start, a rank DeepSpeed's launcher starts, or ``tuneq build-ops`` reads
+    it instead of asking again. Another CPU (the environment copied, a VM migrated) is another key."""
     import cpuinfo
 
-    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
-        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
+    if hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        return
+    ask = cpuinfo.get_cpu_info
+    path = _cpu_info_path(cpuinfo.CPUINFO_VERSION_STRING)
+
+    def asked_once() -> Any:
+        if path is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return json.loads(path.read_text(encoding="utf-8"))
+        info = ask()
+        if path is not None:
+            try:
+                write_json_atomic(path, info)
+            except OSError as e:  # a full or read-only disk: asked again next time
+                logger.debug("could not keep the CPU's description at %s: %s", path, e)
+        return info
+
+    cpuinfo.get_cpu_info = functools.cache(asked_once)
+
+
+def _cpu_info_path(version: str) -> Path | None:
+    """Where this host's py-cpuinfo answer is kept; None without /proc/cpuinfo."""
+    from worker.launcher import OPS_BUILD_DIR
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    described = "\n".join(line for line in lines if not line.startswith("cpu MHz"))  # the clock moves
+    key = hashlib.sha256(f"{version}\n{described}".encode()).hexdigest()[:16]
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", OPS_BUILD_DIR)) / "tuneq-cpuinfo" / f"{key}.json"
 
 
 def _op_builders() -> Iterator[tuple[str, Any]]:

@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from shared.jobs.hardware import Hardware
 from worker import launcher
@@ -41,3 +44,35 @@ def test_the_warm_start_preloads_every_op_for_its_forked_ranks() -> None:
     assert probe["cuda"] is False
     # py-cpuinfo (a subprocess per call) was asked once, not twice per op and once per optimizer.
     assert probe["cpu_info_asked"] == 1
+
+
+def test_the_cpus_description_is_asked_once_per_host_and_kept_beside_the_ops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-cpuinfo's answer (a subprocess, over a second of CPU, per call) is kept for the process
+    and beside the ops built for this host: the next warm start or launched rank reads it, and
+    never asks again."""
+    import cpuinfo
+
+    from worker.deepspeed_ops import remember_cpu_info
+
+    described = {"arch": "X86_64", "flags": ["avx2", "fma"], "brand_raw": "a CPU"}
+    asked: list[int] = []
+
+    def ask() -> dict[str, object]:
+        asked.append(1)
+        return described
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", ask)
+    remember_cpu_info()
+    assert cpuinfo.get_cpu_info() == cpuinfo.get_cpu_info() == described and asked == [1]
+    (kept,) = (tmp_path / "ops" / "tuneq-cpuinfo").glob("*.json")
+    assert json.loads(kept.read_text()) == described
+
+    def must_not_be_asked() -> dict[str, object]:
+        raise AssertionError("py-cpuinfo was asked again on the same host")
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", must_not_be_asked)  # as in the next process
+    remember_cpu_info()
+    assert cpuinfo.get_cpu_info() == described
