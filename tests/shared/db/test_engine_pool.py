@@ -74,26 +74,21 @@ def test_reads_share_the_pool_without_a_transaction(postgres_url: str) -> None:
         engine.dispose()
 
 
-def test_an_sqlite_connection_writes_ahead_and_commits_without_waiting_for_the_disk(tmp_path: Path) -> None:
-    # WAL (readers beside a writer), synchronous=NORMAL (no fsync per commit), foreign keys on.
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'tuneq.sqlite'}")
+def _sqlite_settings(engine: Engine) -> dict[str, object]:
     try:
         with engine.connect() as conn:
-            pragma = {
+            return {
                 name: conn.execute(text(f"PRAGMA {name}")).scalar_one()
                 for name in ("journal_mode", "synchronous", "foreign_keys")
             }
-        assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}  # 1: NORMAL (FULL is 2)
     finally:
         engine.dispose()
+
+
+def test_an_sqlite_connection_writes_ahead_and_commits_without_waiting_for_the_disk(tmp_path: Path) -> None:
+    # WAL (readers beside a writer), synchronous=NORMAL (no fsync per commit), foreign keys on.
+    app = _sqlite_settings(db.make_engine(f"sqlite:///{tmp_path / 'tuneq.sqlite'}"))
+    assert app == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}  # 1: NORMAL (FULL is 2)
     # Migrations (of a new database too) commit the same way, with foreign keys off for batch copies.
-    migrator = db.make_migration_engine(f"sqlite:///{tmp_path / 'new.sqlite'}")
-    try:
-        with migrator.connect() as conn:
-            pragma = {
-                name: conn.execute(text(f"PRAGMA {name}")).scalar_one()
-                for name in ("journal_mode", "synchronous", "foreign_keys")
-            }
-        assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 0}
-    finally:
-        migrator.dispose()
+    migrator = _sqlite_settings(db.make_migration_engine(f"sqlite:///{tmp_path / 'new.sqlite'}"))
+    assert migrator == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 0}
