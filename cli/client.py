@@ -57,6 +57,8 @@ REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 STREAM_READ_TIMEOUT = 60.0
 RECONNECT_FOR_SECONDS = 120.0  # how long a dropped event stream is retried before giving up
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+# How long a job whose stream ended is read again while the API still answers its older read.
+ENDED_JOB_READ_SECONDS = 10.0
 
 
 # ---- settings ---------------------------------------------------------------------------
@@ -258,6 +260,18 @@ class TuneqClient:
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/jobs/{job_id}")
+
+    def get_ended_job(self, job_id: str, *, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+        """The job once its event stream showed it ended. An API process answers ``GET
+        /jobs/{id}`` from its read of the job up to ``TUNEQ_JOB_CACHE_SECONDS`` (1 s) old, so
+        right after the end it may still say ``cancelling`` or ``running``: asked again until
+        it shows the end too, for up to ``ENDED_JOB_READ_SECONDS``."""
+        deadline = time.monotonic() + ENDED_JOB_READ_SECONDS
+        job = self.get_job(job_id)
+        while job["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline:
+            sleep(0.25)
+            job = self.get_job(job_id)
+        return job
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/jobs/{job_id}/cancel")
@@ -903,7 +917,7 @@ def follow_job(client: TuneqClient, job: dict[str, Any], *, live: bool, console:
             line = state.apply(event)
             if line is not None:
                 console.print(line, markup=False)
-    final = client.get_job(job_id)
+    final = client.get_ended_job(job_id)
     state.update_from_job(final)
     return final
 
@@ -1031,7 +1045,7 @@ def _follow_and_exit(client: TuneqClient, job: dict[str, Any], *, as_json: bool)
         if as_json:
             for _event in client.stream_events(str(job["id"])):
                 pass
-            final = client.get_job(str(job["id"]))
+            final = client.get_ended_job(str(job["id"]))
         else:
             final = follow_job(client, job, live=_stdout_is_tty())
     except KeyboardInterrupt:

@@ -440,6 +440,25 @@ def test_the_live_progress_bar_draws_and_returns_the_final_job(api: FakeApi) -> 
     assert "2/2" in out.getvalue() and "warning: worker lost; requeued" in out.getvalue()
 
 
+def test_a_follow_ends_with_the_streams_outcome_though_the_api_answers_an_older_read(api: FakeApi) -> None:
+    """The stream says cancelled; GET /jobs/{id} may come from the API's read of the job up to
+    TUNEQ_JOB_CACHE_SECONDS old (still cancelling): the follow reads it again, and ends
+    cancelled (exit 3), not with a non-terminal status (exit 1)."""
+    api.sse(STREAM, [sse(1, "status", {"status": "cancelling"}), sse(2, "status", {"status": "cancelled"})])
+    answers = [job("cancelling", step=7), job("cancelled", step=7, error={"code": "cancelled", "message": "x"})]
+
+    def get_job(h: Handler) -> None:
+        send_json(h, 200, answers.pop(0) if len(answers) > 1 else answers[0])
+
+    api.route("GET", f"/jobs/{JOB_ID}", get_job)
+    from rich.console import Console
+
+    with client_for(api) as client:
+        final = follow_job(client, job("running"), live=False, console=Console(file=io.StringIO()))
+    assert final["status"] == "cancelled" and exit_code_for(final["status"]) == EXIT_CANCELLED
+    assert len([r for r in api.requests if r["path"] == f"/jobs/{JOB_ID}"]) == 2
+
+
 # ---- downloads ----------------------------------------------------------------------------------
 
 CHECKPOINTS = [
