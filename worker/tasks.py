@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 from celery import Task
@@ -172,7 +172,7 @@ def _on_process_init(**_kwargs: Any) -> None:
     get_engine().dispose(close=False)
     # The launcher, and with it the warm start, belongs to the pool process that runs the
     # jobs: made now, the warm start imports while the process is idle.
-    run_job_task.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
+    JobTask.process_launcher()
 
 
 def current_hardware() -> Hardware:
@@ -195,33 +195,41 @@ def prepare_worker() -> list[str]:
 
 
 class JobTask(Task):
-    """The run-job task's class. Celery makes one instance of a task per process, so a pool
-    process's launcher lives here: made when the process starts, used by every job it runs."""
+    """The class of the tasks that run jobs and nodes of jobs. Their pool process has one
+    launcher, and with it one warm start, made when the process starts and used by every job
+    and node it runs. It is kept on this class, not on a task: Celery makes an instance per
+    task, and a launcher per task gave a worker that ran both kinds a second warm start (seconds
+    of CPU and the memory of torch, DeepSpeed and transformers, twice)."""
 
-    launcher: Launcher | None = None
+    _launcher: ClassVar[Launcher | None] = None
+
+    @staticmethod
+    def process_launcher() -> Launcher:
+        """This process's launcher, made on the first call."""
+        if JobTask._launcher is None:
+            JobTask._launcher = Launcher(hardware=current_hardware(), settings=get_settings())
+        return JobTask._launcher
 
 
-@celery_app.task(name=RUN_JOB_TASK, base=JobTask, bind=True)
-def run_job_task(self: JobTask, job_id: str) -> None:
+@celery_app.task(name=RUN_JOB_TASK, base=JobTask)
+def run_job_task(job_id: str) -> None:
     if _stopping.is_set() or check_disk() is not None:
         # Not claimed: a reconciler publishes it again, to a live worker (this one is not, now).
         with session_scope() as session:
             mark_unpublished(session=session, job_id=uuid.UUID(job_id))
         return
     _while_busy(
-        self,
         lambda launcher: run_job(uuid.UUID(job_id), settings=get_settings(), launcher=launcher, worker_id=_worker_id),
     )
 
 
-@celery_app.task(name=RUN_NODE_TASK, base=JobTask, bind=True)
-def run_node_task(self: JobTask, job_id: str, attempt: int, node_rank: int) -> None:
+@celery_app.task(name=RUN_NODE_TASK, base=JobTask)
+def run_node_task(job_id: str, attempt: int, node_rank: int) -> None:
     """One node of a multi-node job, placed on this worker (shared.db.gangs). A worker that
     stops or whose disk is full does not start it: the gang's start deadline releases it."""
     if _stopping.is_set() or check_disk() is not None:
         return
     _while_busy(
-        self,
         lambda launcher: run_node(
             uuid.UUID(job_id),
             attempt=attempt,
@@ -233,15 +241,13 @@ def run_node_task(self: JobTask, job_id: str, attempt: int, node_rank: int) -> N
     )
 
 
-def _while_busy(task: JobTask, run: Callable[[Launcher], None]) -> None:
+def _while_busy(run: Callable[[Launcher], None]) -> None:
     """Run a job (or a node of one) with the pool process's launcher, this worker marked busy
     meanwhile, then idle again."""
     with session_scope() as session:
         set_worker_idle(session=session, worker_id=_worker_id, idle=False)
-    if task.launcher is None:  # run outside a pool process (Celery's solo pool)
-        task.launcher = Launcher(hardware=current_hardware(), settings=get_settings())
     try:
-        run(task.launcher)
+        run(JobTask.process_launcher())  # made here when outside a pool process (Celery's solo pool)
     finally:
         _idle_again()
 

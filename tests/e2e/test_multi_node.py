@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import LoopbackS3, fresh_postgres_schema
+from worker.warm_start import ZYGOTE_MODULE
 
 from .conftest import s3_artifacts_env
 from .harness import Tuneq, start_cluster, wait_gone, wait_until
@@ -110,6 +112,12 @@ def test_two_nodes_train_as_one_node_with_two_ranks(cluster: Tuneq, data: Path) 
         e["data"]["line"] for e in cluster.get(f"/jobs/{gang['id']}/events?limit=1000")["data"] if e["type"] == "log"
     ]
     assert any("rank1" in line for line in lines), lines[-20:]
+
+    # A worker keeps one warm start whatever it ran (its pool process's), not one per kind of
+    # task: the two nodes' workers ran a node each, and one of the three the single-node job.
+    for worker in cluster.processes[1:]:
+        processes = psutil.Process(worker.pid).children(recursive=True)
+        assert [ZYGOTE_MODULE in " ".join(p.cmdline()) for p in processes].count(True) == 1
 
 
 def test_a_gang_larger_than_the_workers_is_refused_at_submit(cluster: Tuneq, data: Path) -> None:
