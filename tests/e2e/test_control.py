@@ -362,7 +362,15 @@ def test_a_job_submitted_while_the_broker_is_down_runs_once_it_is_back(
 
 
 def test_a_redelivered_message_does_not_run_the_job_twice(tmp_path: Path, data: Path, redis_url: str) -> None:
-    tuneq = service(tmp_path, data, TUNEQ_BROKER_URL=redis_url, TUNEQ_REDIS_VISIBILITY_TIMEOUT_SECONDS="2")
+    # A lease longer than FAST_CONTROL's: leases are not what this test is about, and a 6 s one
+    # once lapsed on a loaded CI machine (attempts 2: a requeue, not a second delivery run).
+    tuneq = service(
+        tmp_path,
+        data,
+        TUNEQ_BROKER_URL=redis_url,
+        TUNEQ_REDIS_VISIBILITY_TIMEOUT_SECONDS="2",
+        TUNEQ_LEASE_TTL_SECONDS="30",
+    )
     tuneq.start(workers=2)
     try:
         job = tuneq.submit(body(data, epochs=100, max_steps=300))

@@ -73,7 +73,10 @@ def publish_when_waited_for(layout: RunLayout, attempt: int, done: threading.Eve
 def train_in_child(specs: list[str], environment: dict[str, str]) -> None:
     """In the spawned child: become rank 0 of 1, then run each spec as worker.rank.train does."""
     os.environ.update(environment)
+    from worker.deepspeed_ops import remember_cpu_info
     from worker.rank.train import run
+
+    remember_cpu_info()  # as worker.rank.train.main does: py-cpuinfo asked once per host, not per op
 
     for text in specs:
         spec = TrainingSpec.model_validate_json(text)
