@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import sqlite3
 import tempfile
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +41,7 @@ MIGRATION_LOCK_KEY = zlib.crc32(b"tuneq-migrations")
 # Connections a process keeps (and uses at most) to a server database.
 POOL_SIZE = 30
 CONNECT_TIMEOUT_SECONDS = 5
+SQLITE_BUSY_SECONDS = 30  # how long an SQLite connection waits for another's lock
 
 
 class DatabaseNotMigrated(RuntimeError):
@@ -47,16 +50,31 @@ class DatabaseNotMigrated(RuntimeError):
 
 def _sqlite_journal(dbapi_connection: Any, _record: Any) -> None:
     # The API and the worker are separate processes writing one file: WAL lets readers go on
-    # while the worker writes a metric batch, and busy_timeout makes writers wait, not fail.
+    # while the worker writes a metric batch, and the busy timeout makes writers wait, not fail.
     # synchronous=NORMAL, SQLite's advice for WAL: a commit no longer waits for an fsync (a few
     # ms each on a laptop's disk, for every metric batch, event and lease renewal), and the
     # database stays consistent through a crash; a power cut may lose the last commits, which
     # the worker's lease and the reconciler already treat as a lost attempt.
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _switch_to_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    # Connections switching a new database to WAL at the same moment (an API and a worker
+    # started together) both hold its shared lock and want the exclusive one: SQLite refuses
+    # one at once, "database is locked", without the busy wait that would break no deadlock.
+    # The one refused tries again once the other has switched (the mode is then the file's).
+    deadline = time.monotonic() + SQLITE_BUSY_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_foreign_keys(dbapi_connection: Any, _record: Any) -> None:
@@ -67,7 +85,7 @@ def _sqlite_foreign_keys(dbapi_connection: Any, _record: Any) -> None:
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS})
         event.listen(engine, "connect", _sqlite_journal)
         event.listen(engine, "connect", _sqlite_foreign_keys)
         return engine
@@ -170,7 +188,7 @@ def make_migration_engine(url: str | URL) -> Engine:
     per commit): a migration to head commits once per revision.
     """
     if make_url(url).get_backend_name() == "sqlite":
-        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_SECONDS})
         event.listen(engine, "connect", _sqlite_journal)
         return engine
     return create_engine(url, poolclass=NullPool)

@@ -92,3 +92,36 @@ def test_an_sqlite_connection_writes_ahead_and_commits_without_waiting_for_the_d
     # Migrations (of a new database too) commit the same way, with foreign keys off for batch copies.
     migrator = _sqlite_settings(db.make_migration_engine(f"sqlite:///{tmp_path / 'new.sqlite'}"))
     assert migrator == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 0}
+
+
+def test_connections_opening_a_new_sqlite_database_together_all_switch_it_to_wal(tmp_path: Path) -> None:
+    """Two connections switching a new database to WAL at once: SQLite refuses one of them at
+    once ("database is locked", without its busy wait: both hold the shared lock and want the
+    exclusive one). An API and a worker started together hit it; each must wait its turn."""
+    import sqlite3
+    import threading
+
+    for trial in range(30):  # a race: about one trial in three lost it without the retry
+        path = tmp_path / f"tuneq-{trial}.sqlite"
+        sqlite3.connect(path).close()  # a new database, not yet in WAL
+        engines = [db.make_engine(f"sqlite:///{path}") for _ in range(4)]
+        together = threading.Barrier(len(engines))
+        failures: list[BaseException] = []
+
+        def connect(engine: Engine, together: threading.Barrier, failures: list[BaseException]) -> None:
+            together.wait()
+            try:
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            except Exception as e:
+                failures.append(e)
+
+        threads = [threading.Thread(target=connect, args=(engine, together, failures)) for engine in engines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for engine in engines:
+            engine.dispose()
+        assert failures == [], failures
+        assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
