@@ -117,7 +117,15 @@ def test_two_nodes_train_as_one_node_with_two_ranks(cluster: Tuneq, data: Path) 
     # task: the two nodes' workers ran a node each, and one of the three the single-node job.
     for worker in cluster.processes[1:]:
         processes = psutil.Process(worker.pid).children(recursive=True)
-        assert [ZYGOTE_MODULE in " ".join(p.cmdline()) for p in processes].count(True) == 1
+        assert [ZYGOTE_MODULE in command_line(p) for p in processes].count(True) == 1
+
+
+def command_line(process: psutil.Process) -> str:
+    """Its command line; empty for one that has just exited."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def test_a_gang_larger_than_the_workers_is_refused_at_submit(cluster: Tuneq, data: Path) -> None:
