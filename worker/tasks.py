@@ -171,8 +171,12 @@ def _on_process_init(**_kwargs: Any) -> None:
 
     get_engine().dispose(close=False)
     # The launcher, and with it the warm start, belongs to the pool process that runs the
-    # jobs: made now, the warm start imports while the process is idle.
-    JobTask.process_launcher()
+    # jobs: made now, the warm start imports while the process is idle. Not in a child Celery
+    # forks while the worker stops (it replaces children that the stop's SIGTERM ended): that
+    # child runs no job, and its warm start imported torch for seconds of CPU during the stop
+    # and outlived the worker.
+    if not _stopping.is_set():
+        JobTask.process_launcher()
 
 
 def current_hardware() -> Hardware:

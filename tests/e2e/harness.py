@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -151,6 +152,18 @@ class Tuneq:
                 found += [parent, *parent.children(recursive=True)]
             except psutil.NoSuchProcess:
                 continue
+        return found
+
+    def warm_starts(self) -> list[psutil.Process]:
+        """The zygotes of this service's workers, wherever they are in the process tree: one
+        whose worker is gone has init as its parent."""
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if "worker.rank.zygote" not in " ".join(p.info["cmdline"] or []):
+                continue
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("TUNEQ_QUEUE") == self.env["TUNEQ_QUEUE"]:
+                    found.append(p)
         return found
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from cli.samples import build_tiny_model, seed_config, write_text_dataset
 from tests.services import DatabaseLink, fresh_postgres_schema
 from worker.tasks import WORKER_STOP_DEADLINE_SECONDS
 
-from .harness import Tuneq, wait_gone
+from .harness import Tuneq, wait_gone, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
@@ -121,7 +121,11 @@ def test_a_rank_the_kernel_kills_requeues_the_job_saying_why(tmp_path: Path, dat
 
 def test_a_worker_that_stops_is_no_longer_counted_live(tmp_path: Path) -> None:
     """It marks its row stopped on its way down, instead of looking live (and idle) until its
-    heartbeat ages out, which made every reconciler republish its queue's waiting jobs."""
+    heartbeat ages out, which made every reconciler republish its queue's waiting jobs.
+
+    And it starts no warm start on its way down: Celery forks a new pool child for the one the
+    SIGTERM ended, and that child's warm start used to import torch for seconds of CPU, and
+    outlive the worker."""
     service = Tuneq(home=tmp_path / "home", split=True).start()
     try:
 
@@ -135,12 +139,25 @@ def test_a_worker_that_stops_is_no_longer_counted_live(tmp_path: Path) -> None:
         while live_workers() != 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert live_workers() == 1
+        warm_start = wait_until(service.warm_starts, timeout=60, what="the worker's warm start started", tuneq=service)
         worker = service.processes[1]
         os.killpg(worker.pid, signal.SIGTERM)
         # A pool child still starting when the SIGTERM came can leave Celery's warm shutdown
         # waiting for it, until the worker's own stop deadline kills the rest: allow for that.
-        worker.wait(timeout=WORKER_STOP_DEADLINE_SECONDS + 30)
+        # Meanwhile, and a little after, every warm start seen is the one the worker had.
+        seen: set[int] = set()
+        deadline = time.monotonic() + WORKER_STOP_DEADLINE_SECONDS + 30
+        while worker.poll() is None and time.monotonic() < deadline:
+            seen |= {p.pid for p in service.warm_starts()}
+            time.sleep(0.1)
+        assert worker.poll() is not None, service.log_tail()
         assert live_workers() == 0  # at once, not TUNEQ_WORKER_SEEN_SECONDS later
+        gone_at = time.monotonic()
+        while time.monotonic() < gone_at + 3:
+            seen |= {p.pid for p in service.warm_starts()}
+            time.sleep(0.1)
+        assert seen <= {p.pid for p in warm_start}, service.log_tail()
+        assert wait_gone(warm_start, timeout=10) == []
     finally:
         service.stop()
 
