@@ -123,7 +123,9 @@ class WarmStart:
             return LOST_EXIT_STATUS
         return None
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """End the zygote; its exit status (0 when it exited by itself at the end of its input,
+        negative when it had to be killed)."""
         with contextlib.suppress(OSError):
             if self._process.stdin is not None:
                 self._process.stdin.close()  # the zygote exits at end of input
@@ -131,7 +133,7 @@ class WarmStart:
             self._process.wait(timeout=10)
         if self._process.poll() is None:
             self._process.kill()
-            self._process.wait()
+        return self._process.wait()
 
     def _fork_one(self, start: RankStart) -> int:
         stdin = self._process.stdin
