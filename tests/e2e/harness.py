@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 
 from shared.db.models import TERMINAL_STATUSES
 from shared.ports import free_port
+from worker.warm_start import ZYGOTE_MODULE
 
 
 class Tuneq:
@@ -159,7 +160,7 @@ class Tuneq:
         whose worker is gone has init as its parent."""
         found = []
         for p in psutil.process_iter(["cmdline"]):
-            if "worker.rank.zygote" not in " ".join(p.info["cmdline"] or []):
+            if ZYGOTE_MODULE not in " ".join(p.info["cmdline"] or []):
                 continue
             with contextlib.suppress(psutil.Error):
                 if p.environ().get("TUNEQ_QUEUE") == self.env["TUNEQ_QUEUE"]:
