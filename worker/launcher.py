@@ -199,6 +199,12 @@ def rank_environment(hardware: Hardware, *, num_ranks: int, worker_pid: int) -> 
     env["PYTHONUNBUFFERED"] = "1"
     env["TUNEQ_WORKER_PID"] = str(worker_pid)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(OPS_BUILD_DIR))
+    # torch compiles the ops through ccache where it is installed. Paths under this interpreter's
+    # prefix hashed as relative ones, and the build directory left out of the hash (DeepSpeed
+    # compiles with -g): an op compiled for one virtual environment is a cache hit in the next
+    # (a fresh checkout, a rebuilt image layer) instead of two minutes of compiling on 2 cores.
+    env.setdefault("CCACHE_BASEDIR", sys.prefix)
+    env.setdefault("CCACHE_NOHASHDIR", "true")
     if hardware.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without this every rank starts one thread per core and they fight for the cores.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,43 @@ def test_the_cpus_description_is_asked_once_per_host_and_kept_beside_the_ops(
     monkeypatch.setattr(cpuinfo, "get_cpu_info", must_not_be_asked)  # as in the next process
     remember_cpu_info()
     assert cpuinfo.get_cpu_info() == described
+
+
+def _compile_as_torch_does(prefix: Path, env: dict[str, str]) -> dict[str, int]:
+    """Compile a source under ``prefix`` the way torch's JIT builds an op (``ccache c++ -g -c``,
+    absolute paths, in a build directory under the prefix); ccache's counters afterwards."""
+    source = prefix / "lib" / "site-packages" / "op" / "op.cpp"
+    source.parent.mkdir(parents=True)
+    source.write_text("int scale(int x) { return 3 * x; }\n")
+    build = prefix / "torch_extensions" / "op"
+    build.mkdir(parents=True)
+    flags = ["-g", "-O1", f"-I{source.parent}", "-c", str(source), "-o", "op.o"]
+    subprocess.run(["ccache", "c++", *flags], cwd=build, env=env, check=True, timeout=60)
+    stats = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=True)
+    return {name: int(count) for name, count in (line.split("\t") for line in stats.stdout.splitlines())}
+
+
+def test_an_op_compiled_for_one_virtual_environment_is_a_ccache_hit_in_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh checkout's `tuneq build-ops` (its own .venv, its own paths) compiles nothing that
+    another environment on the host compiled before, where ccache is installed: torch compiles
+    through it, and the ranks' environment makes the prefix's paths and the build directory
+    (DeepSpeed compiles with -g) drop out of the hash."""
+    from tests.conftest import require_service
+
+    if shutil.which("ccache") is None:
+        require_service("ccache", "not installed (`apt-get install ccache`, as .ci/run does)")
+    hits = []
+    for name in ("first-checkout", "second-checkout"):
+        monkeypatch.setattr(sys, "prefix", str(tmp_path / name / ".venv"))
+        env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=os.getpid())
+        env["CCACHE_DIR"] = str(tmp_path / "ccache")  # this test's own cache and counters
+        hits.append(_compile_as_torch_does(Path(sys.prefix), env)["direct_cache_hit"])
+    assert hits == [0, 1]
+    # Without the ranks' settings the same compile in a third environment is a miss.
+    plain = {**os.environ, "CCACHE_DIR": str(tmp_path / "ccache")}
+    for setting in ("CCACHE_BASEDIR", "CCACHE_NOHASHDIR"):
+        plain.pop(setting, None)
+    third = _compile_as_torch_does(tmp_path / "third-checkout" / ".venv", plain)
+    assert third["direct_cache_hit"] == 1, "still the second checkout's one hit"
