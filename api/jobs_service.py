@@ -36,13 +36,13 @@ from shared.db.models import (
     JobEvent,
     JobMetric,
     JobPublic,
-    JobStatus,
     MetricPublic,
     MetricsPublic,
     Worker,
 )
 from shared.jobs.hardware import Hardware
 from shared.jobs.spec import JobCreate, TrainingOptions
+from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError, Problem, validate_job_request
 from shared.queue import enqueue_job
 from shared.settings import Settings

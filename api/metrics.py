@@ -23,7 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.db.engine import get_engine
 from shared.db.gangs import gangs_waiting
 from shared.db.lifecycle import live_since, live_worker, running_worker
-from shared.db.models import Job, JobMetric, JobStatus, Worker
+from shared.db.models import Job, JobMetric, Worker
+from shared.jobs.status import JobStatus
 from shared.settings import get_settings
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from sse_starlette import ServerSentEvent
 
 from shared.db.engine import get_engine
 from shared.db.job_events import channel, last_log_events, list_events, redis_url
-from shared.db.models import EventPublic, EventType, Job, JobEvent, JobStatus
+from shared.db.models import EventPublic, EventType, Job, JobEvent
+from shared.jobs.status import JobStatus
 
 logger = logging.getLogger(__name__)
 

@@ -73,7 +73,8 @@ def _insert_job(database_url: str) -> uuid.UUID:
     from sqlmodel import Session
 
     from shared.db.engine import make_engine
-    from shared.db.models import Job, JobStatus
+    from shared.db.models import Job
+    from shared.jobs.status import JobStatus
 
     engine = make_engine(database_url)
     job = Job(

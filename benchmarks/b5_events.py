@@ -72,7 +72,8 @@ def _use_settings(env: dict[str, str]) -> None:
 def _insert_job(engine: Any) -> uuid.UUID:
     from sqlmodel import Session
 
-    from shared.db.models import Job, JobStatus
+    from shared.db.models import Job
+    from shared.jobs.status import JobStatus
 
     job = Job(
         name="bench-events",

@@ -24,8 +24,8 @@ import httpx
 import psutil
 
 from benchmarks.common import Server, keep_log
-from shared.db.models import TERMINAL_STATUSES
 from shared.jobs.run_layout import RunLayout
+from shared.jobs.status import TERMINAL_STATUSES
 from shared.ports import free_port
 from shared.settings import Settings
 from worker.shm_buffers import remove_job_buffers

@@ -37,8 +37,8 @@ import typer
 from httpx_sse import ServerSentEvent, connect_sse
 
 from shared.artifacts.store import hash_into, sha256_of
-from shared.db.models import TERMINAL_STATUSES
 from shared.jobs.run_layout import CheckpointManifest, write_json_atomic
+from shared.jobs.status import TERMINAL_STATUSES
 
 logger = logging.getLogger(__name__)
 

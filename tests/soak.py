@@ -33,7 +33,7 @@ import httpx
 import psutil
 
 from cli.samples import build_tiny_model, seed_config, write_text_dataset
-from shared.db.models import TERMINAL_STATUSES
+from shared.jobs.status import TERMINAL_STATUSES
 from tests.e2e.harness import Tuneq, wait_gone
 from tests.services import fresh_postgres_schema
 from worker.shm_buffers import BUFFER_PREFIX, SHM_DIR

@@ -7,6 +7,7 @@ forks its ranks, and ``tuneq submit`` does not wait seconds for torch: ``api``, 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,20 @@ def test_no_package_reaches_another_through_importlib() -> None:
         if any(f'import_module("{p}' in path.read_text() for p in ("api", "shared", "cli", "worker"))
     ]
     assert offenders == []
+
+
+def test_the_ranks_and_the_client_commands_do_not_load_the_database_layer() -> None:
+    """A job's status and error class live in ``shared.jobs.status``, its measures in
+    ``shared.jobs.events``: naming them loads no SQLAlchemy. The training processes never
+    touch the database, and ``tuneq jobs`` / ``tuneq --help`` start in half the time without it."""
+    probe = (
+        "import sys\n"
+        "import cli.main\n"
+        "client = [m for m in ('sqlalchemy', 'sqlmodel') if m in sys.modules]\n"
+        "import worker.rank.train\n"
+        "rank = [m for m in ('sqlalchemy', 'sqlmodel') if m in sys.modules]\n"
+        "print(client, rank)\n"
+    )
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == "[] []"

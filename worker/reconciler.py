@@ -25,7 +25,8 @@ from shared.db.lifecycle import (
     route_job,
     unpublished_jobs,
 )
-from shared.db.models import JobStatus, utcnow
+from shared.db.models import utcnow
+from shared.jobs.status import JobStatus
 from shared.queue import enqueue_job
 from shared.settings import Settings
 from worker.shm_buffers import remove_stale_buffers

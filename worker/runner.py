@@ -40,13 +40,14 @@ from shared.db.lifecycle import (
     renew_lease,
     rewind_job,
 )
-from shared.db.models import ErrorCode, EventType, Job, JobStatus
+from shared.db.models import EventType, Job
 from shared.deepspeed.config import missing_packages
 from shared.deepspeed.safety import sanitize_deepspeed_config
 from shared.jobs.events import RankError
 from shared.jobs.hardware import hardware_problems
 from shared.jobs.run_layout import RunLayout, read_from, tail_lines, write_json_atomic
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
+from shared.jobs.status import ErrorCode, JobStatus
 from shared.settings import Settings
 from worker.checkpoint_fetch import drop_local_checkpoints_after, fetch_checkpoint
 from worker.disk_space import disk_problem

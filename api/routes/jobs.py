@@ -31,12 +31,12 @@ from shared.db.models import (
     Job,
     JobPublic,
     JobsPublic,
-    JobStatus,
     LogsPublic,
     MetricsPublic,
 )
 from shared.jobs.plan import JobPlan
 from shared.jobs.spec import JobCreate
+from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError
 from shared.settings import get_settings
 

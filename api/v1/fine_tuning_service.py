@@ -54,8 +54,9 @@ from api.v1.pages import past_cursor
 from shared.data.records import check_openai_chat_file
 from shared.data.uploaded_files import uploaded_file_path
 from shared.db.job_events import newest_events
-from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, JobStatus
+from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
 from shared.jobs.spec import JobCreate, TrainingOptions
+from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError, local_model_config
 from shared.settings import Settings
 

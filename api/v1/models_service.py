@@ -15,7 +15,8 @@ from sqlmodel import Session, col, select
 
 from api.v1.fine_tuning_objects import ModelListPublic, ModelPublic
 from api.v1.fine_tuning_service import fine_tuned_model_name, unix_seconds
-from shared.db.models import Job, JobStatus
+from shared.db.models import Job
+from shared.jobs.status import JobStatus
 from shared.settings import Settings
 
 BASE_MODEL_OWNER = "system"

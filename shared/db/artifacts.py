@@ -25,8 +25,8 @@ from shared.db.models import (
     EventType,
     Job,
     JobMetric,
-    JobStatus,
 )
+from shared.jobs.status import JobStatus
 
 
 def publish_files(

@@ -39,7 +39,8 @@ from sqlalchemy import ColumnElement, func, text, update
 from sqlmodel import Session, col, select
 
 from shared.db.lifecycle import ACTIVE, live_since, live_worker, record_event, release_job
-from shared.db.models import ErrorCode, EventType, Job, JobNode, JobStatus, NodeState, Worker, utcnow
+from shared.db.models import EventType, Job, JobNode, NodeState, Worker, utcnow
+from shared.jobs.status import ErrorCode, JobStatus
 from shared.queue import enqueue_node, node_queue
 from shared.settings import Settings
 

@@ -19,18 +19,8 @@ from sqlmodel import Session, col, or_, select
 # Imported for its SQLAlchemy listeners: every process that records events here (the API and the
 # workers' ingest) publishes the Redis wake-ups that event streams wait on, after each commit.
 import shared.db.job_events  # noqa: F401
-from shared.db.models import (
-    Checkpoint,
-    CheckpointUpload,
-    ErrorCode,
-    EventType,
-    Job,
-    JobEvent,
-    JobMetric,
-    JobStatus,
-    Worker,
-    utcnow,
-)
+from shared.db.models import Checkpoint, CheckpointUpload, EventType, Job, JobEvent, JobMetric, Worker, utcnow
+from shared.jobs.status import ErrorCode, JobStatus
 from shared.queue import size_queue
 from shared.settings import Settings
 

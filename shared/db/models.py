@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, ConfigDict
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
+
+from shared.jobs.events import MetricFields
+from shared.jobs.status import JobStatus
 
 
 def utcnow() -> datetime:
@@ -20,40 +22,6 @@ def utcnow() -> datetime:
 
 def _timestamp(*, nullable: bool = True, index: bool = False) -> Any:
     return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=nullable, index=index))
-
-
-class JobStatus(StrEnum):
-    queued = "queued"
-    running = "running"
-    cancelling = "cancelling"  # cancel asked while running; the worker is stopping the ranks
-    pausing = "pausing"  # pause asked while running; the ranks checkpoint at their next step and exit
-    paused = "paused"  # stopped with its checkpoints, holding no worker, until resumed (not terminal)
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-# The statuses a job never leaves: the one definition the API, the worker and the clients use.
-TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-
-
-class ErrorCode(StrEnum):
-    """Failure classes on a job's error. Users act on the message; code tells who must act."""
-
-    invalid_input = "invalid_input"  # the job's data or config is wrong: fix the job
-    unsupported_hardware = "unsupported_hardware"  # the job asks for what this worker cannot give
-    training_error = "training_error"  # the training processes crashed
-    worker_lost = "worker_lost"  # the worker stopped or died while the job ran (retried)
-    host_error = "host_error"  # the host failed the attempt: out of memory, disk full (retried)
-    timeout = "timeout"  # training.max_duration_seconds ran out
-    cancelled = "cancelled"  # a user cancelled the job
-    internal_error = "internal_error"  # tuneq itself failed
-    artifact_store_unavailable = "artifact_store_unavailable"  # the store stayed unreachable: retry the upload
-    artifact_integrity = "artifact_integrity"  # a file in the store is not the one that was published
 
 
 # The owner of every job while the API runs without keys (TUNEQ_AUTH=off), and of the jobs
@@ -153,39 +121,6 @@ class JobEvent(SQLModel, table=True):
     type: EventType
     data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    # A diverged loss (NaN, inf) is reported as null: JSON has no NaN (a Postgres json column
-    # refuses it, and so do the API's answers). The ranks' writer already writes null; this
-    # holds for any line that reads NaN too.
-    return value if value is None or math.isfinite(value) else None
-
-
-Measure = Annotated[float | None, AfterValidator(_finite_or_none)]
-
-
-class MetricFields(BaseModel):
-    """The measures of one optimizer step, in one place for the three shapes that carry them.
-
-    Rank 0's line in events.jsonl (``shared.jobs.events.MetricEvent``), the ``job_metrics`` row
-    (``JobMetric``) and the API's answer (``MetricPublic``) all derive from this: a new measure
-    is a line here (plus its migration). ``time`` is not here because each shape holds it as
-    something else: an ISO string in the file, a timezone-aware column, a UTC datetime out.
-    A plain pydantic model, not an SQLModel: the event must stay one, since SQLModel's
-    ``__init__`` validates each object a second time and the worker parses every line.
-    """
-
-    step: int
-    loss: Measure = None
-    learning_rate: Measure = None
-    grad_norm: Measure = None
-    epoch: Measure = None
-    tokens_per_second: Measure = None
-    samples_per_second: Measure = None
-    # Share of the step's token slots that held real tokens (the rest is padding).
-    real_token_share: Measure = None
-    eval_loss: Measure = None
 
 
 class JobMetric(SQLModel, MetricFields, table=True):

@@ -6,11 +6,45 @@ waits on the database: rank 0 appends and flushes a line, the worker tails and b
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter
 
-from shared.db.models import ErrorCode, MetricFields
+from shared.jobs.status import ErrorCode
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    # A diverged loss (NaN, inf) is reported as null: JSON has no NaN (a Postgres json column
+    # refuses it, and so do the API's answers). The ranks' writer already writes null; this
+    # holds for any line that reads NaN too.
+    return value if value is None or math.isfinite(value) else None
+
+
+Measure = Annotated[float | None, AfterValidator(_finite_or_none)]
+
+
+class MetricFields(BaseModel):
+    """The measures of one optimizer step, in one place for the three shapes that carry them.
+
+    Rank 0's line in events.jsonl (``shared.jobs.events.MetricEvent``), the ``job_metrics`` row
+    (``shared.db.models.JobMetric``) and the API's answer (``MetricPublic``) all derive from this: a new measure
+    is a line here (plus its migration). ``time`` is not here because each shape holds it as
+    something else: an ISO string in the file, a timezone-aware column, a UTC datetime out.
+    A plain pydantic model, not an SQLModel: the event must stay one, since SQLModel's
+    ``__init__`` validates each object a second time and the worker parses every line.
+    """
+
+    step: int
+    loss: Measure = None
+    learning_rate: Measure = None
+    grad_norm: Measure = None
+    epoch: Measure = None
+    tokens_per_second: Measure = None
+    samples_per_second: Measure = None
+    # Share of the step's token slots that held real tokens (the rest is padding).
+    real_token_share: Measure = None
+    eval_loss: Measure = None
 
 
 class PlanEvent(BaseModel):

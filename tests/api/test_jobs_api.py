@@ -18,8 +18,9 @@ from sqlmodel import Session, select
 from cli.samples import seed_config
 from shared.db.engine import get_engine
 from shared.db.lifecycle import finish_job, record_event, register_worker
-from shared.db.models import EventType, Job, JobStatus, Worker, utcnow
+from shared.db.models import EventType, Job, Worker, utcnow
 from shared.jobs.run_layout import RunLayout
+from shared.jobs.status import JobStatus
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from sqlmodel import Session
 
 from cli.samples import seed_config
 from shared.db.engine import get_engine
-from shared.db.models import Job, JobMetric, JobStatus, Worker, utcnow
+from shared.db.models import Job, JobMetric, Worker, utcnow
+from shared.jobs.status import JobStatus
 
 
 @pytest.fixture

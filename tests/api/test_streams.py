@@ -13,7 +13,8 @@ from sqlmodel import Session
 from api import streams
 from shared.db.engine import get_engine
 from shared.db.lifecycle import record_event
-from shared.db.models import EventPublic, EventType, JobStatus
+from shared.db.models import EventPublic, EventType
+from shared.jobs.status import JobStatus
 from tests.shared.db.test_lifecycle import new_job
 
 

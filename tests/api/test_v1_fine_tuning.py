@@ -21,17 +21,8 @@ from sqlmodel import Session, func, select
 
 from api.v1.hyperparameters import pretraining_learning_rate
 from shared.db.engine import get_engine
-from shared.db.models import (
-    Checkpoint,
-    CheckpointKind,
-    EventType,
-    File,
-    Job,
-    JobEvent,
-    JobMetric,
-    JobStatus,
-    utcnow,
-)
+from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, utcnow
+from shared.jobs.status import JobStatus
 
 RECORD = {
     "messages": [

@@ -48,8 +48,9 @@ from cli.main import app
 from shared.artifacts.store import ArtifactStore, job_key
 from shared.db.artifacts import commit_checkpoint
 from shared.db.engine import get_engine, init_db
-from shared.db.models import CheckpointKind, Job, JobStatus, utcnow
+from shared.db.models import CheckpointKind, Job, utcnow
 from shared.jobs.run_layout import CheckpointManifest
+from shared.jobs.status import JobStatus
 from shared.ports import free_port
 from shared.settings import get_settings
 from tests.conftest import clear_caches

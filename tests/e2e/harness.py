@@ -16,7 +16,7 @@ import httpx
 import psutil
 from sqlalchemy import create_engine, text
 
-from shared.db.models import TERMINAL_STATUSES
+from shared.jobs.status import TERMINAL_STATUSES
 from shared.ports import free_port
 from worker.warm_start import ZYGOTE_MODULE
 

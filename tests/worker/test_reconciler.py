@@ -7,7 +7,8 @@ from datetime import timedelta
 from sqlalchemy import update
 from sqlmodel import col, select
 
-from shared.db.models import Job, JobEvent, JobNode, JobStatus, utcnow
+from shared.db.models import Job, JobEvent, JobNode, utcnow
+from shared.jobs.status import JobStatus
 from shared.settings import get_settings
 from tests.shared.db.test_gangs import new_job, session, start_placed_gang, workers
 from worker.reconciler import reconcile_once

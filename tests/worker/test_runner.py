@@ -11,9 +11,10 @@ from sqlmodel import Session
 from cli.samples import seed_config
 from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, job_key
 from shared.db.engine import get_engine
-from shared.db.models import CheckpointKind, Job, JobMetric, JobStatus, utcnow
+from shared.db.models import CheckpointKind, Job, JobMetric, utcnow
 from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.run_layout import RunLayout
+from shared.jobs.status import JobStatus
 from shared.settings import get_settings
 from worker.launcher import (
     Launcher,

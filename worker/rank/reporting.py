@@ -9,9 +9,9 @@ from typing import IO
 
 from pydantic import BaseModel
 
-from shared.db.models import ErrorCode
 from shared.jobs.events import RankError
 from shared.jobs.run_layout import RunLayout, write_json_atomic
+from shared.jobs.status import ErrorCode
 
 
 class EventWriter:

@@ -20,9 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from shared.db.models import ErrorCode
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import TrainingSpec
+from shared.jobs.status import ErrorCode
 from worker.deepspeed_ops import remember_cpu_info
 from worker.errors import InvalidInputError
 from worker.process_table import process_running

@@ -29,7 +29,8 @@ from shared.db.lifecycle import (
     request_resume,
     set_worker_idle,
 )
-from shared.db.models import Job, JobNode, JobStatus, NodeState, Worker, utcnow
+from shared.db.models import Job, JobNode, NodeState, Worker, utcnow
+from shared.jobs.status import JobStatus
 from shared.queue import node_queue
 from shared.settings import get_settings
 

@@ -30,7 +30,8 @@ from shared.db.lifecycle import (
     stop_worker,
     unpublished_jobs,
 )
-from shared.db.models import Job, JobEvent, JobStatus, Worker, utcnow
+from shared.db.models import Job, JobEvent, Worker, utcnow
+from shared.jobs.status import JobStatus
 from shared.settings import get_settings
 
 

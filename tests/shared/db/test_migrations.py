@@ -192,7 +192,8 @@ def test_downgrading_pause_keeps_paused_and_pausing_jobs_alive(engine: Engine) -
     paused one is queued again (unpublished, for a reconciler), never lost or ended."""
     from sqlmodel import Session
 
-    from shared.db.models import Job, JobStatus, utcnow
+    from shared.db.models import Job, utcnow
+    from shared.jobs.status import JobStatus
 
     config = alembic_config(engine.url)
     command.upgrade(config, "head")  # the rows are written as the code writes them; later downgrades run first
@@ -218,7 +219,8 @@ def test_enums_are_stored_as_the_code_reads_them(database_url: str) -> None:
     from sqlmodel import Session
 
     from shared.db.engine import get_engine
-    from shared.db.models import Job, JobStatus
+    from shared.db.models import Job
+    from shared.jobs.status import JobStatus
 
     job_id = uuid.uuid4()
     with Session(get_engine()) as session:
