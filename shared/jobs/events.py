@@ -27,10 +27,11 @@ Measure = Annotated[float | None, AfterValidator(_finite_or_none)]
 class MetricFields(BaseModel):
     """The measures of one optimizer step, in one place for the three shapes that carry them.
 
-    Rank 0's line in events.jsonl (``shared.jobs.events.MetricEvent``), the ``job_metrics`` row
-    (``shared.db.models.JobMetric``) and the API's answer (``MetricPublic``) all derive from this: a new measure
-    is a line here (plus its migration). ``time`` is not here because each shape holds it as
-    something else: an ISO string in the file, a timezone-aware column, a UTC datetime out.
+    Rank 0's line in events.jsonl (``MetricEvent`` below), the ``job_metrics`` row
+    (``shared.db.models.JobMetric``) and the API's answer (``MetricPublic``, beside it) all
+    derive from this: a new measure is a line here (plus its migration). ``time`` is not here
+    because each shape holds it as something else: an ISO string in the file, a timezone-aware
+    column, a UTC datetime out.
     A plain pydantic model, not an SQLModel: the event must stay one, since SQLModel's
     ``__init__`` validates each object a second time and the worker parses every line.
     """
