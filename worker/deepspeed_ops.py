@@ -19,6 +19,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,15 +66,129 @@ def remember_cpu_info() -> None:
 
 def _cpu_info_path(version: str) -> Path | None:
     """Where this host's py-cpuinfo answer is kept; None without /proc/cpuinfo."""
-    from worker.launcher import OPS_BUILD_DIR
-
     try:
         lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
     described = "\n".join(line for line in lines if not line.startswith("cpu MHz"))  # the clock moves
     key = hashlib.sha256(f"{version}\n{described}".encode()).hexdigest()[:16]
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", OPS_BUILD_DIR)) / "tuneq-cpuinfo" / f"{key}.json"
+    return extensions_dir() / "tuneq-cpuinfo" / f"{key}.json"
+
+
+def extensions_dir() -> Path:
+    """Where this process's JIT builds of the ops go: TORCH_EXTENSIONS_DIR (the ranks'
+    environment sets it), else ``launcher.OPS_BUILD_DIR``."""
+    from worker.launcher import OPS_BUILD_DIR
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", OPS_BUILD_DIR))
+
+
+# How often a lock of torch's JIT build is looked at while ops load; it is abandoned once seen
+# unheld on two looks this far apart (see AbandonedBuildLocks).
+BUILD_LOCK_CHECK_SECONDS = 1.0
+
+
+class AbandonedBuildLocks:
+    """Finds and removes the build locks that processes killed mid-load left behind.
+
+    torch's JIT (``torch.utils.cpp_extension``) takes ``<build dir>/lock`` for every load of
+    an op, a built one too (it runs ninja to check the build): it creates the file, keeps it
+    open, and removes it when done. A process killed in between (a worker or zygote stopped
+    with SIGKILL while starting, the OOM killer) leaves the file, and every later load of that
+    op on the host, in any job, waits for it forever (``FileBaton.wait``).
+
+    A lock is abandoned when no process has it open, seen on two looks (``scan``) at least
+    BUILD_LOCK_CHECK_SECONDS apart: the one moment a live holder has it closed is between its
+    ``close`` and ``remove`` at release, far shorter than that. Without ``/proc`` nothing is
+    removed, and processes of other users (whose open files cannot be read) are assumed not
+    to hold the ops of this environment."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.unheld: dict[tuple[int, int], Path] = {}  # seen unheld on the last look
+        self.removed: list[Path] = []
+
+    def scan(self) -> bool:
+        """One look: remove the locks seen unheld on this look and the last one. True when a
+        lock was left unheld on this look (another look decides)."""
+        locks = {}
+        for lock in self.directory.glob("*/lock"):
+            with contextlib.suppress(FileNotFoundError):
+                info = lock.stat()
+                locks[(info.st_dev, info.st_ino)] = lock
+        if not locks or not Path("/proc/self/fd").is_dir():
+            self.unheld = {}
+            return False
+        for held in _open_locks():
+            locks.pop(held, None)
+        for key, lock in list(locks.items()):
+            if key in self.unheld and self._remove(lock, key):
+                del locks[key]
+        self.unheld = locks
+        return bool(self.unheld)
+
+    def _remove(self, lock: Path, key: tuple[int, int]) -> bool:
+        try:
+            info = lock.stat()
+            if (info.st_dev, info.st_ino) != key:
+                return False  # released, and taken again since the last look
+            lock.unlink()
+        except FileNotFoundError:
+            return True  # released since
+        except OSError as e:  # a read-only build directory: the load waits as torch would
+            logger.warning("could not remove the abandoned build lock %s: %s", lock, e)
+            return False
+        self.removed.append(lock)
+        logger.warning(
+            "removed %s: a process loading DeepSpeed's %s op was killed before it released "
+            "this lock, which would hold every later load of the op",
+            lock,
+            lock.parent.name,
+        )
+        return True
+
+
+def _open_locks() -> Iterator[tuple[int, int]]:
+    """(device, inode) of each file named ``lock`` that a process this one can see has open."""
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            names = os.listdir(fds)
+        except OSError:  # gone, or another user's
+            continue
+        for name in names:
+            path = fds / name
+            try:
+                if os.readlink(path).endswith("/lock"):
+                    info = path.stat()
+                    yield info.st_dev, info.st_ino
+            except OSError:
+                continue
+
+
+@contextlib.contextmanager
+def abandoned_build_locks_removed(directory: Path | None = None) -> Iterator[AbandonedBuildLocks]:
+    """Around code that loads ops: first remove the abandoned build locks (a look, and a second
+    one a moment later where one is unheld, so that this process takes the lock itself and
+    ninja mends what the killed one left half built), then keep looking while the body runs,
+    for a holder killed while this process waits on it. The looking thread ends with the body
+    (the zygote forks only single-threaded)."""
+    locks = AbandonedBuildLocks(directory or extensions_dir())
+    if locks.scan():
+        time.sleep(BUILD_LOCK_CHECK_SECONDS)
+        locks.scan()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(BUILD_LOCK_CHECK_SECONDS):
+            locks.scan()
+
+    watcher = threading.Thread(target=watch, name="tuneq-build-locks", daemon=True)
+    watcher.start()
+    try:
+        yield locks
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _op_builders() -> Iterator[tuple[str, Any]]:
@@ -89,10 +205,11 @@ def build_ops() -> list[str]:
     """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
     remember_cpu_info()
     built = []
-    for name, builder in _op_builders():
-        if builder.is_compatible():
-            builder.load()
-            built.append(name)
+    with abandoned_build_locks_removed():
+        for name, builder in _op_builders():
+            if builder.is_compatible():
+                builder.load()
+                built.append(name)
     return built
 
 
@@ -110,15 +227,16 @@ def preload_ops() -> list[str]:
     remember_cpu_info()
     on_cpu = get_accelerator().device_name() == "cpu"
     loaded = []
-    for name, builder in _op_builders():
-        if not (installed_ops.get(builder.name) or on_cpu):
-            continue
-        try:
-            if builder.is_compatible():
-                builder.load()
-                loaded.append(name)
-        except Exception:
-            logger.warning("could not preload DeepSpeed's %s; the ranks load it themselves", name, exc_info=True)
+    with abandoned_build_locks_removed():
+        for name, builder in _op_builders():
+            if not (installed_ops.get(builder.name) or on_cpu):
+                continue
+            try:
+                if builder.is_compatible():
+                    builder.load()
+                    loaded.append(name)
+            except Exception:
+                logger.warning("could not preload DeepSpeed's %s; the ranks load it themselves", name, exc_info=True)
     return loaded
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from shared.jobs.hardware import Hardware
+from tests.worker.conftest import LockedOps, abandon_lock
 from worker import launcher
-from worker.deepspeed_ops import OPS
+from worker.deepspeed_ops import OPS, AbandonedBuildLocks
 
 PROBE = """
 import json
@@ -45,6 +46,50 @@ def test_the_warm_start_preloads_every_op_for_its_forked_ranks() -> None:
     assert probe["cuda"] is False
     # py-cpuinfo (a subprocess per call) was asked once, not twice per op and once per optimizer.
     assert probe["cpu_info_asked"] == 1
+
+
+def test_a_build_lock_no_process_holds_is_removed_on_the_second_look_and_a_held_one_kept(tmp_path: Path) -> None:
+    abandoned = abandon_lock(tmp_path / "cpu_adam" / "lock")
+    held = tmp_path / "fused_adam" / "lock"
+    held.parent.mkdir()
+    holder = subprocess.Popen(  # a live load: torch keeps the lock open until it removes it
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; os.open({str(held)!r}, os.O_CREAT | os.O_EXCL); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline()
+        locks = AbandonedBuildLocks(tmp_path)
+        assert locks.scan() is True  # unheld once: it could be a holder between close and remove
+        assert abandoned.exists()
+        assert locks.scan() is False  # unheld twice: removed
+        assert not abandoned.exists() and held.exists() and locks.removed == [abandoned]
+        # Taken again since (and unheld on this look: a holder between close and remove): new.
+        abandon_lock(abandoned)
+        assert locks.scan() is True and abandoned.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert locks.scan() is True  # the holder was killed: its lock is unheld, a first time
+    assert not abandoned.exists() and held.exists()
+    assert locks.scan() is False and not held.exists()
+
+
+def test_a_lock_left_by_a_killed_load_does_not_hold_the_next_load(ops_left_locked: LockedOps) -> None:
+    """Every later load of an op waited forever on the lock a killed loader left (torch's
+    FileBaton.wait); the warm start and `tuneq build-ops` now remove it (the ranks too:
+    tests/worker/rank/test_recipe.py)."""
+    env = launcher.rank_environment(Hardware("cpu", 2), num_ranks=1, worker_pid=os.getpid())
+    env["TORCH_EXTENSIONS_DIR"] = str(ops_left_locked.directory)
+    probe = "import json; from worker.deepspeed_ops import preload_ops; print(json.dumps(preload_ops()))"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == list(OPS)
+    assert not any(lock.exists() for lock in ops_left_locked.locks)
+    assert done.stderr.count("was killed before it released this lock") == len(OPS)
 
 
 def test_the_cpus_description_is_asked_once_per_host_and_kept_beside_the_ops(

@@ -23,7 +23,7 @@ from typing import Any
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.spec import TrainingSpec
 from shared.jobs.status import ErrorCode
-from worker.deepspeed_ops import remember_cpu_info
+from worker.deepspeed_ops import abandoned_build_locks_removed, remember_cpu_info
 from worker.errors import InvalidInputError
 from worker.process_table import process_running
 from worker.rank.recipe import FineTuneRecipe
@@ -63,7 +63,9 @@ def run(spec: TrainingSpec, layout: RunLayout) -> None:
     """One rank's run, as torchtune's recipes run: setup, train, export, clean up. A stop
     agreed after a step (cancel, pause, the worker stopping) skips the export and exits 0."""
     recipe = FineTuneRecipe(spec, layout)
-    recipe.setup()
+    # DeepSpeed loads its ops in setup (the comm op, the optimizer's) where the warm start did not.
+    with abandoned_build_locks_removed():
+        recipe.setup()
     if recipe.train():
         recipe.export()
     recipe.cleanup()
