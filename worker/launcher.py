@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,11 +206,24 @@ def rank_environment(hardware: Hardware, *, num_ranks: int, worker_pid: int) -> 
     # (a fresh checkout, a rebuilt image layer) instead of two minutes of compiling on 2 cores.
     env.setdefault("CCACHE_BASEDIR", sys.prefix)
     env.setdefault("CCACHE_NOHASHDIR", "true")
+    env["PATH"] = path_with_environment_scripts(env.get("PATH", os.defpath))
     if hardware.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without this every rank starts one thread per core and they fight for the cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, hardware.device_count // num_ranks)))
     return env
+
+
+def path_with_environment_scripts(path: str) -> str:
+    """``PATH`` with this interpreter's scripts directory first (``.venv/bin``), as an activated
+    virtual environment has it. torch's JIT runs ``ninja`` from ``PATH``, and DeepSpeed's
+    dependency installs it there: without this, a worker or ``tuneq build-ops`` started as
+    ``.venv/bin/tuneq`` on a host without a system ninja cannot load an op ("Ninja is required
+    to load C++ extensions"), and one with a system ninja of another version rebuilds every op
+    whenever the two alternate (each discards the other's build log)."""
+    scripts = sysconfig.get_path("scripts")
+    entries = [entry for entry in path.split(os.pathsep) if entry and entry != scripts]
+    return os.pathsep.join([scripts, *entries])
 
 
 class RankGroup(Protocol):

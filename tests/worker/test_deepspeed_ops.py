@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,19 @@ def test_the_cpus_description_is_asked_once_per_host_and_kept_beside_the_ops(
     monkeypatch.setattr(cpuinfo, "get_cpu_info", must_not_be_asked)  # as in the next process
     remember_cpu_info()
     assert cpuinfo.get_cpu_info() == described
+
+
+def test_the_ranks_run_the_ninja_of_their_own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's JIT runs `ninja` from PATH, and DeepSpeed's dependency installs one beside this
+    interpreter. A worker or `tuneq build-ops` started as `.venv/bin/tuneq` (no virtual
+    environment on PATH) could load no op on a host without a system ninja ("Ninja is required
+    to load C++ extensions"), and with a system ninja of another version rebuilt every op
+    whenever the two alternated (each discards the other's build log)."""
+    scripts = sysconfig.get_path("scripts")
+    monkeypatch.setenv("PATH", f"/usr/local/bin{os.pathsep}/usr/bin{os.pathsep}{scripts}")
+    env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=os.getpid())
+    assert env["PATH"].split(os.pathsep) == [scripts, "/usr/local/bin", "/usr/bin"]
+    assert shutil.which("ninja", path=env["PATH"]) == os.path.join(scripts, "ninja")
 
 
 def _compile_as_torch_does(prefix: Path, env: dict[str, str]) -> dict[str, int]:
