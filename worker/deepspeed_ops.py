@@ -110,7 +110,15 @@ class AbandonedBuildLocks:
 
     def scan(self) -> bool:
         """One look: remove the locks seen unheld on this look and the last one. True when a
-        lock was left unheld on this look (another look decides)."""
+        lock was left unheld on this look (another look decides). Never raises: a look that
+        fails leaves the load as torch would have it."""
+        try:
+            return self._look()
+        except OSError as e:
+            logger.debug("could not look for abandoned build locks in %s: %s", self.directory, e)
+            return False
+
+    def _look(self) -> bool:
         locks = {}
         for lock in self.directory.glob("*/lock"):
             with contextlib.suppress(FileNotFoundError):

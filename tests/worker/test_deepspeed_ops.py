@@ -8,13 +8,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.jobs.hardware import Hardware
 from tests.worker.conftest import LockedOps, abandon_lock
-from worker import launcher
+from worker import deepspeed_ops, launcher
 from worker.deepspeed_ops import OPS, AbandonedBuildLocks
 
 PROBE = """
@@ -77,6 +78,20 @@ def test_a_build_lock_no_process_holds_is_removed_on_the_second_look_and_a_held_
     assert locks.scan() is True  # the holder was killed: its lock is unheld, a first time
     assert not abandoned.exists() and held.exists()
     assert locks.scan() is False and not held.exists()
+
+
+def test_a_look_that_fails_leaves_the_lock_and_raises_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The looks run inside the zygote's preload and each rank's setup: a failure of theirs
+    must not fail the load, only leave it as torch would have it."""
+    abandoned = abandon_lock(tmp_path / "cpu_adam" / "lock")
+
+    def unreadable() -> Iterator[tuple[int, int]]:
+        raise PermissionError("/proc is not readable here")
+
+    monkeypatch.setattr(deepspeed_ops, "_open_locks", unreadable)
+    locks = AbandonedBuildLocks(tmp_path)
+    assert (locks.scan(), locks.scan()) == (False, False)
+    assert abandoned.exists()
 
 
 def test_a_lock_left_by_a_killed_load_does_not_hold_the_next_load(ops_left_locked: LockedOps) -> None:
