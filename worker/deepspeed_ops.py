@@ -93,9 +93,10 @@ class AbandonedBuildLocks:
 
     torch's JIT (``torch.utils.cpp_extension``) takes ``<build dir>/lock`` for every load of
     an op, a built one too (it runs ninja to check the build): it creates the file, keeps it
-    open, and removes it when done. A process killed in between (a worker or zygote stopped
-    with SIGKILL while starting, the OOM killer) leaves the file, and every later load of that
-    op on the host, in any job, waits for it forever (``FileBaton.wait``).
+    open, and removes it when done. A process killed in between (a zygote that a SIGTERM to its
+    worker's process group ends while it preloads, as systemd's stop sends one; SIGKILL; the
+    OOM killer) leaves the file, and every later load of that op on the host, in any job,
+    waits for it forever (``FileBaton.wait``).
 
     A lock is abandoned when no process has it open, seen on two looks (``scan``) at least
     BUILD_LOCK_CHECK_SECONDS apart: the one moment a live holder has it closed is between its
