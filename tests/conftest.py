@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from cli.samples import build_tiny_model, write_text_dataset
-from tests.services import fresh_postgres_schema
+from tests.services import drop_fresh_schemas, fresh_postgres_schema
 
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # pytest-xdist runs tests in several processes (`make test`): each gets a Redis database of its
@@ -50,6 +50,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("spread") is None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
+
+
+def pytest_sessionfinish() -> None:
+    """Each test process drops the Postgres schemas its tests made, its services all stopped."""
+    drop_fresh_schemas()
 
 
 def require_service(name: str, reason: str) -> None:
