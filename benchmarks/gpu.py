@@ -219,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in wanted if w not in RUNS]
     if unknown:
         parser.error(f"--only: unknown row {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+    if args.steps < WARMUP_STEPS + 1:
+        # Refused before any model is built or run: on a short device lease, a row that trains
+        # and only then finds it has nothing to time costs minutes of it.
+        parser.error(
+            f"--steps {args.steps}: tokens/s is timed past {WARMUP_STEPS} warm-up steps; "
+            f"use at least {WARMUP_STEPS + 1}"
+        )
     name = gpu_name() if cuda else None
     peak = peak_flops(name) if cuda else None
     rows: list[Row] = []

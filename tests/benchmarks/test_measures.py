@@ -64,6 +64,19 @@ def test_the_variable_length_dataset_has_a_long_tail(tmp_path: Path) -> None:
     assert sorted(words)[len(words) // 2] < max(words) / 4  # most records are short
 
 
+def test_gpu_benchmark_refuses_too_few_steps_before_it_builds_or_runs_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import gpu
+
+    monkeypatch.setenv("TUNEQ_BENCH_TMP", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        gpu.main(["--only", "neo-bf16", "--steps", str(gpu.WARMUP_STEPS), "--output", str(tmp_path / "out.json")])
+    assert exited.value.code == 2
+    assert f"use at least {gpu.WARMUP_STEPS + 1}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no model, no data, no result file
+
+
 def test_gpu_rows_are_the_core_config_with_fp16_and_bf16_without_offload() -> None:
     from benchmarks.gpu import RUNS, Row, deepspeed_config, loss_differences
 
