@@ -75,7 +75,8 @@ bench: install
 # mypy's cache kept per user, not per checkout: a fresh clone (CI's, a worktree) re-reads only
 # what differs from what was checked before, torch and transformers included (41 s -> 1 s on the
 # dev box). mypy checks each cached module against its source's hash, so a stale entry is rechecked.
-MYPY_CACHE_DIR ?= $(HOME)/.cache/tuneq/mypy
+# In $XDG_CACHE_HOME (~/.cache) where there is a home; in the checkout (mypy's default) where not.
+MYPY_CACHE_DIR ?= $(if $(or $(XDG_CACHE_HOME),$(HOME)),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tuneq/mypy,.mypy_cache)
 
 lint: install
 	$(VENV)/bin/ruff check .
