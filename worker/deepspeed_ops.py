@@ -6,7 +6,7 @@ comm backend loads in ``init_distributed``; a minute or more, inside the first j
 (and, for a compiler's gigabytes, in its peak memory).
 ``tuneq build-ops`` (run by ``make install``) runs this module with the ranks' own environment
 (worker.launcher.rank_environment), so the build lands where the ranks look for it: one
-directory per virtual environment (``launcher.OPS_BUILD_DIR``) unless TORCH_EXTENSIONS_DIR says
+directory per virtual environment (``OPS_BUILD_DIR``) unless TORCH_EXTENSIONS_DIR says
 otherwise. An image built with ``DS_BUILD_*`` (Dockerfile.gpu) has these ops compiled into
 DeepSpeed itself, and this finds them there.
 """
@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 # ShareMemCommBuilder exists only on the CPU accelerator; on others _op_builders skips it.
 OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
+# Where the JIT-compiled ops go: one directory per virtual environment, as a clone with other
+# include paths would rebuild a shared one in turn.
+OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 
 def remember_cpu_info() -> None:
@@ -39,7 +43,7 @@ def remember_cpu_info() -> None:
     loads (the ``-march`` and SIMD flags) and again for each CPU Adam optimizer it makes. The
     answer is kept for the process (ranks forked from the warm start inherit it) and beside the
     ops it chose the flags of (``TORCH_EXTENSIONS_DIR/tuneq-cpuinfo``, the ranks' environment's,
-    else ``launcher.OPS_BUILD_DIR``), keyed by ``/proc/cpuinfo`` without its clock lines: the
+    else ``OPS_BUILD_DIR``), keyed by ``/proc/cpuinfo`` without its clock lines: the
     next worker's warm start, a rank DeepSpeed's launcher starts, or ``tuneq build-ops`` reads
     it instead of asking again. Another CPU (the environment copied, a VM migrated) is another key."""
     import cpuinfo
@@ -76,10 +80,8 @@ def _cpu_info_path(version: str) -> Path | None:
 
 
 def extensions_dir() -> Path:
-    """Where this process's JIT builds of the ops go: TORCH_EXTENSIONS_DIR (the ranks'
-    environment sets it), else ``launcher.OPS_BUILD_DIR``."""
-    from worker.launcher import OPS_BUILD_DIR
-
+    """Where this process's JIT builds of the ops go: TORCH_EXTENSIONS_DIR where it is set,
+    else OPS_BUILD_DIR (what the ranks' environment sets it to)."""
     return Path(os.environ.get("TORCH_EXTENSIONS_DIR", OPS_BUILD_DIR))
 
 

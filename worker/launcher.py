@@ -26,15 +26,13 @@ from typing import Protocol
 from shared.jobs.hardware import Hardware
 from shared.ports import free_port
 from shared.settings import Settings
+from worker.deepspeed_ops import extensions_dir
 from worker.shm_buffers import remove_job_buffers
 from worker.warm_start import READY_TIMEOUT_SECONDS, RankStart, WarmStart
 
 logger = logging.getLogger(__name__)
 
 TRAIN_MODULE = "worker.rank.train"
-# Where DeepSpeed's JIT-compiled ops go (worker.deepspeed_ops): one directory per virtual
-# environment, as a clone with other include paths would rebuild a shared one in turn.
-OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
 
 
 # Run by ``detect_hardware`` in a child: the GPUs torch sees, the smallest one's total memory,
@@ -199,7 +197,7 @@ def rank_environment(hardware: Hardware, *, num_ranks: int, worker_pid: int) -> 
             logger.info("TORCH_CUDA_ARCH_LIST %r is %r for DeepSpeed", given, env["TORCH_CUDA_ARCH_LIST"])
     env["PYTHONUNBUFFERED"] = "1"
     env["TUNEQ_WORKER_PID"] = str(worker_pid)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(OPS_BUILD_DIR))
+    env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
     # torch compiles the ops through ccache where it is installed. Paths under this interpreter's
     # prefix hashed as relative ones, and the build directory left out of the hash (DeepSpeed
     # compiles with -g): an op compiled for one virtual environment is a cache hit in the next
