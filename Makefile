@@ -76,7 +76,8 @@ bench: install
 # what differs from what was checked before, torch and transformers included (41 s -> 1 s on the
 # dev box). mypy checks each cached module against its source's hash, so a stale entry is rechecked.
 # In $XDG_CACHE_HOME (~/.cache) where there is a home; in the checkout (mypy's default) where not.
-MYPY_CACHE_DIR ?= $(if $(or $(XDG_CACHE_HOME),$(HOME)),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tuneq/mypy,.mypy_cache)
+CACHE_HOME := $(or $(XDG_CACHE_HOME),$(if $(HOME),$(HOME)/.cache))
+MYPY_CACHE_DIR ?= $(if $(CACHE_HOME),$(CACHE_HOME)/tuneq/mypy,.mypy_cache)
 
 lint: install
 	$(VENV)/bin/ruff check .
