@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host-packages", type=Path, required=True, help="the host's distributions, one a line")
     parser.add_argument("--python-version", required=True, help="the host's Python, e.g. 3.12")
-    parser.add_argument("--dest", type=Path, default=Path(".whl"))
+    parser.add_argument("--dest", type=Path, default=Path(".whl"), help="its other wheels are removed")
     parser.add_argument("--max-mib", type=float, default=DEFAULT_MAX_MIB, help="fail if the wheels add up to more")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
