@@ -15,10 +15,11 @@
 # TUNEQ_SITE (default /tmp/tuneq-site) ahead of the image's packages on PYTHONPATH, and this
 # checkout on it too (tuneq's processes start with `python -P`, which leaves the cwd off sys.path).
 set -euo pipefail
+wheels=${TUNEQ_WHEELS:+$(realpath "$TUNEQ_WHEELS")}  # relative to where it was called from
 cd "$(dirname "$0")/.."
-if [ -n "${TUNEQ_WHEELS:-}" ]; then
+if [ -n "$wheels" ]; then
     site=${TUNEQ_SITE:-/tmp/tuneq-site}
-    python3 -m pip install --quiet --no-index --no-deps --no-cache-dir --upgrade --target "$site" "$TUNEQ_WHEELS"/*.whl
+    python3 -m pip install --quiet --no-index --no-deps --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     exec python3 -m benchmarks.gpu "$@"
 fi

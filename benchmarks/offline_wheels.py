@@ -114,8 +114,10 @@ def fetch(needed: Needed, dest: Path, *, python_version: str) -> Path:
     """A wheel of ``needed`` in ``dest`` for the host: downloaded as a binary for its Python and
     platform, or built here from source where only that is published (it must be pure Python)."""
     existing = _wheel_of(needed.name, dest)
-    if existing is not None and (needed.version is None or f"-{needed.version}-" in existing.name):
-        return existing
+    if existing is not None:
+        if needed.version is None or f"-{needed.version}-" in existing.name:
+            return existing
+        existing.unlink()  # an earlier run's other version: two of one distribution stop the install
     tag = python_version.replace(".", "")
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]

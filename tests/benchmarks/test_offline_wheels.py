@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.offline_wheels import Needed, read_host_packages, runtime_closure, to_carry
+import pytest
+
+from benchmarks.offline_wheels import Needed, fetch, read_host_packages, runtime_closure, to_carry
 
 
 def test_the_host_list_takes_bare_names_and_pip_freeze_lines(tmp_path: Path) -> None:
@@ -42,3 +45,26 @@ def test_what_is_carried_is_what_the_host_lacks_and_the_libraries_tuneq_reaches_
     ]
     carried = to_carry(needed, host={"numpy", "transformers"})
     assert [n.requirement for n in carried] == ["deepspeed==0.19.8", "transformers==5.25.0", "liger-kernel"]
+
+
+def test_a_kept_wheel_is_reused_and_another_version_of_it_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two wheels of one distribution in the folder would stop the host's install."""
+    calls: list[list[str]] = []
+
+    def pip(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        (tmp_path / "hjson-3.1.0-py3-none-any.whl").write_bytes(b"wheel")  # what `pip download` writes
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", pip)
+    kept = tmp_path / "deepspeed-0.19.8-py3-none-any.whl"
+    kept.write_bytes(b"wheel")
+    assert fetch(Needed("deepspeed", "0.19.8"), tmp_path, python_version="3.12") == kept
+    assert calls == []
+
+    (tmp_path / "hjson-3.0.0-py3-none-any.whl").write_bytes(b"old")
+    assert fetch(Needed("hjson", "3.1.0"), tmp_path, python_version="3.12").name == "hjson-3.1.0-py3-none-any.whl"
+    assert sorted(p.name for p in tmp_path.glob("hjson-*")) == ["hjson-3.1.0-py3-none-any.whl"]
+    assert calls[0][-1] == "hjson==3.1.0" and "3.12" in calls[0]
