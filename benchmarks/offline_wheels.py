@@ -30,7 +30,8 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +104,8 @@ def to_carry(needed: list[Needed], host: set[str]) -> list[Needed]:
 
 
 def _wheel_of(name: str, dest: Path) -> Path | None:
-    prefix = canonicalize_name(name).replace("-", "_")
     for wheel in dest.glob("*.whl"):
-        if canonicalize_name(wheel.name.split("-", 1)[0]).replace("-", "_") == prefix:
+        if parse_wheel_filename(wheel.name)[0] == canonicalize_name(name):
             return wheel
     return None
 
@@ -115,7 +115,7 @@ def fetch(needed: Needed, dest: Path, *, python_version: str) -> Path:
     platform, or built here from source where only that is published (it must be pure Python)."""
     existing = _wheel_of(needed.name, dest)
     if existing is not None:
-        if needed.version is None or f"-{needed.version}-" in existing.name:
+        if needed.version is None or parse_wheel_filename(existing.name)[1] == Version(needed.version):
             return existing
         existing.unlink()  # an earlier run's other version: two of one distribution stop the install
     tag = python_version.replace(".", "")
@@ -132,7 +132,8 @@ def fetch(needed: Needed, dest: Path, *, python_version: str) -> Path:
     wheel = _wheel_of(needed.name, dest)
     if wheel is None:
         raise RuntimeError(f"{needed.requirement}: pip succeeded but left no wheel in {dest}")
-    if not (wheel.name.endswith("-none-any.whl") or f"-cp{tag}-" in wheel.name or "-abi3-" in wheel.name):
+    tags = parse_wheel_filename(wheel.name)[3]
+    if not any((t.abi, t.platform) == ("none", "any") or t.interpreter == f"cp{tag}" or t.abi == "abi3" for t in tags):
         wheel.unlink()
         raise RuntimeError(f"{needed.requirement}: the wheel built here ({wheel.name}) is not pure Python")
     return wheel
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dest.mkdir(parents=True, exist_ok=True)
     wheels = [fetch(n, args.dest, python_version=args.python_version) for n in carry]
     kept = {w.name for w in wheels}
-    for stale in args.dest.glob("*.whl"):  # an earlier run's other versions would stop the install
+    for stale in args.dest.glob("*.whl"):  # an earlier run's wheels of what is no longer carried
         if stale.name not in kept:
             stale.unlink()
     total = sum(w.stat().st_size for w in wheels) / 2**20
