@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -433,8 +434,11 @@ def prepare_attempt(
     )
 
 
-def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker_id: str) -> None:
-    """A one-node job's message: claim the job and run the attempt."""
+def run_job(
+    job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker_id: str, stopping: threading.Event
+) -> None:
+    """A one-node job's message: claim the job and run the attempt. ``stopping``: set when the
+    worker was asked to stop (worker/tasks.py), checked once this attempt handles SIGTERM itself."""
     with session_scope() as session:
         job = claim_job(session=session, job_id=job_id, worker_id=worker_id, lease_ttl=settings.lease_ttl_seconds)
         if job is None:
@@ -444,11 +448,18 @@ def run_job(job_id: uuid.UUID, *, settings: Settings, launcher: Launcher, worker
                 mark_unpublished(session=session, job_id=job_id)
             logger.info("job %s is not for this worker now; this delivery does nothing", job_id)
             return
-    _run_attempt(job, settings=settings, launcher=launcher, worker_id=worker_id, placement=ONE_NODE)
+    _run_attempt(job, settings=settings, launcher=launcher, worker_id=worker_id, placement=ONE_NODE, stopping=stopping)
 
 
 def run_node(
-    job_id: uuid.UUID, *, attempt: int, node_rank: int, settings: Settings, launcher: Launcher, worker_id: str
+    job_id: uuid.UUID,
+    *,
+    attempt: int,
+    node_rank: int,
+    settings: Settings,
+    launcher: Launcher,
+    worker_id: str,
+    stopping: threading.Event,
 ) -> None:
     """A multi-node job's message for this worker's node: claim the node (once, for this
     attempt only) and run it in the gang's world; the node is finished whatever happens."""
@@ -481,13 +492,23 @@ def run_node(
         master.port,
     )
     try:
-        _run_attempt(job, settings=settings, launcher=launcher, worker_id=worker_id, placement=placement)
+        _run_attempt(
+            job, settings=settings, launcher=launcher, worker_id=worker_id, placement=placement, stopping=stopping
+        )
     finally:
         with session_scope() as session:
             finish_node(session=session, job_id=job.id, attempt=attempt, node_rank=node_rank, worker_id=worker_id)
 
 
-def _run_attempt(job: Job, *, settings: Settings, launcher: Launcher, worker_id: str, placement: NodePlacement) -> None:
+def _run_attempt(
+    job: Job,
+    *,
+    settings: Settings,
+    launcher: Launcher,
+    worker_id: str,
+    placement: NodePlacement,
+    stopping: threading.Event,
+) -> None:
     """One claimed attempt (or one node of it), from the worker's own checks to the outcome."""
     job_id = job.id
     with session_scope() as session:
@@ -517,6 +538,8 @@ def _run_attempt(job: Job, *, settings: Settings, launcher: Launcher, worker_id:
             job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings, node_rank=node_rank
         )
         try:
+            if stopping.is_set():  # the SIGTERM came before the handler above: it was only noted
+                raise WorkerStopping(signal.SIGTERM.name)
             datasets = fetch_inputs(job, settings=settings, lease=lease)
             attempt = prepare_attempt(
                 job,

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, ClassVar
 
 import psutil
@@ -51,7 +52,8 @@ WORKER_STOP_DEADLINE_SECONDS = 60
 # Filled in the worker's main process before the pool forks, inherited by the children.
 _hardware: Hardware | None = None
 _worker_id = f"{socket.gethostname()}:{os.getpid()}"
-# Set when the worker starts shutting down; pool children forked after it inherit it.
+# Set when the worker starts shutting down; pool children forked after it inherit it, and a pool
+# child sets its own when a SIGTERM reaches it (_note_stop).
 _stopping = threading.Event()
 
 
@@ -164,12 +166,33 @@ def _on_shutting_down(**_kwargs: Any) -> None:
         logger.exception("could not mark worker %s stopped; it ages out after TUNEQ_WORKER_SEEN_SECONDS", _worker_id)
 
 
+def _note_stop(_signum: int, _frame: FrameType | None) -> None:
+    _stopping.set()
+
+
+def _note_stops() -> None:
+    """In a pool process, from its first task on: a SIGTERM sets ``_stopping`` instead of being
+    ignored (_on_process_init), so that one that comes while a job is claimed, before the runner
+    handles SIGTERM itself, still stops it (the runner checks ``_stopping``)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:  # not in Celery's main process
+        signal.signal(signal.SIGTERM, _note_stop)
+
+
 @worker_process_init.connect
 def _on_process_init(**_kwargs: Any) -> None:
     # Engines hold connection pools; a forked child must not share its parent's sockets.
     from shared.db.engine import get_engine
 
     get_engine().dispose(close=False)
+    # A SIGTERM to the whole process group (systemd's default KillMode, a `kill -- -PGID`) reaches
+    # this process too. Celery's pool exited on it wherever the process was: in the middle of
+    # writing to the pool's result queue (its start-up message, a task's result) it died holding
+    # that queue's lock, and the main process's warm shutdown waited on the lock until the stop
+    # deadline (60 s, then SIGKILL); otherwise the worker logged an ERROR for its child. The main
+    # process stops idle children itself, so an idle one ignores SIGTERM (a Python handler set
+    # here would not last: the pool replaces any but SIG_IGN once this returns); from its first
+    # task on, it notes it instead (_note_stops).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The launcher, and with it the warm start, belongs to the pool process that runs the
     # jobs: made now, the warm start imports while the process is idle. Not in a child Celery
     # forks while the worker stops (it replaces children that the stop's SIGTERM ended): that
@@ -217,13 +240,16 @@ class JobTask(Task):
 
 @celery_app.task(name=RUN_JOB_TASK, base=JobTask)
 def run_job_task(job_id: str) -> None:
+    _note_stops()
     if _stopping.is_set() or check_disk() is not None:
         # Not claimed: a reconciler publishes it again, to a live worker (this one is not, now).
         with session_scope() as session:
             mark_unpublished(session=session, job_id=uuid.UUID(job_id))
         return
     _while_busy(
-        lambda launcher: run_job(uuid.UUID(job_id), settings=get_settings(), launcher=launcher, worker_id=_worker_id),
+        lambda launcher: run_job(
+            uuid.UUID(job_id), settings=get_settings(), launcher=launcher, worker_id=_worker_id, stopping=_stopping
+        ),
     )
 
 
@@ -231,6 +257,7 @@ def run_job_task(job_id: str) -> None:
 def run_node_task(job_id: str, attempt: int, node_rank: int) -> None:
     """One node of a multi-node job, placed on this worker (shared.db.gangs). A worker that
     stops or whose disk is full does not start it: the gang's start deadline releases it."""
+    _note_stops()
     if _stopping.is_set() or check_disk() is not None:
         return
     _while_busy(
@@ -241,6 +268,7 @@ def run_node_task(job_id: str, attempt: int, node_rank: int) -> None:
             settings=get_settings(),
             launcher=launcher,
             worker_id=_worker_id,
+            stopping=_stopping,
         ),
     )
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_fp16_job_on_a_cpu_worker_fails_at_once_with_a_plain_message(database_ur
         session.commit()
     # A cold launcher: the job fails before any rank would start.
     cold = Launcher(hardware=Hardware("cpu", 2), settings=get_settings().model_copy(update={"launcher": "deepspeed"}))
-    run_job(job.id, settings=get_settings(), launcher=cold, worker_id="w")
+    run_job(job.id, settings=get_settings(), launcher=cold, worker_id="w", stopping=threading.Event())
     with Session(get_engine()) as session:
         done = session.get(Job, job.id)
     assert done is not None and done.status == JobStatus.failed

@@ -63,6 +63,9 @@ def serve() -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what the imports (and anything else) print goes to the log, not the protocol
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker, which decides
+    # The worker's idle pool process ignores SIGTERM (worker/tasks.py), and an ignored signal stays
+    # ignored across exec: this process and its ranks take SIGTERM's default, as the launcher's do.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     preload_modules()
     import torch
 
