@@ -65,6 +65,26 @@ def test_fp16_job_on_a_cpu_worker_fails_at_once_with_a_plain_message(database_ur
     assert done.error_code == "unsupported_hardware" and "fp16 needs a CUDA GPU" in (done.error_message or "")
 
 
+def test_a_stop_noted_before_the_attempt_handles_sigterm_releases_the_job_unrun(database_url: str) -> None:
+    """A SIGTERM that reached the pool process while it claimed the job (worker/tasks.py only
+    notes it there) stops the attempt as one during the run would: the job is requeued, nothing
+    is started, the process exits."""
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(model="a/b", dataset="/d", deepspeed_config=seed_config(fp16=False), num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+    cold = Launcher(hardware=Hardware("cpu", 2), settings=get_settings().model_copy(update={"launcher": "deepspeed"}))
+    stopping = threading.Event()
+    stopping.set()
+    with pytest.raises(SystemExit) as exited:
+        run_job(job.id, settings=get_settings(), launcher=cold, worker_id="w", stopping=stopping)
+    assert exited.value.code == 0
+    with Session(get_engine()) as session:
+        released = session.get(Job, job.id)
+    assert released is not None and released.status == JobStatus.queued and released.attempts == 1
+    assert not RunLayout.for_job(get_settings(), job.id).spec.exists()  # no rank was started
+
+
 def test_failure_message_comes_from_the_first_failing_rank(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path)
     layout.errors_dir.mkdir()
