@@ -195,9 +195,9 @@ def _on_process_init(**_kwargs: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The launcher, and with it the warm start, belongs to the pool process that runs the
     # jobs: made now, the warm start imports while the process is idle. Not in a child Celery
-    # forks while the worker stops (it replaces children that the stop's SIGTERM ended): that
-    # child runs no job, and its warm start imported torch for seconds of CPU during the stop
-    # and outlived the worker.
+    # forks while the worker stops (it replaces a child that died, one that a SIGTERM reached
+    # before this function ran, say): that child runs no job, and its warm start imported torch
+    # for seconds of CPU during the stop and outlived the worker.
     if not _stopping.is_set():
         JobTask.process_launcher()
 
@@ -243,6 +243,10 @@ def run_job_task(job_id: str) -> None:
     _note_stops()
     if _stopping.is_set() or check_disk() is not None:
         # Not claimed: a reconciler publishes it again, to a live worker (this one is not, now).
+        if _stopping.is_set():
+            # Said, because a SIGTERM that reached this pool process alone (not the worker's
+            # main process) leaves it taking no job until the worker is restarted.
+            logger.warning("worker %s was asked to stop: job %s goes back to the queue", _worker_id, job_id)
         with session_scope() as session:
             mark_unpublished(session=session, job_id=uuid.UUID(job_id))
         return
