@@ -189,19 +189,21 @@ def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     _resolve_auth(host)  # refuse here, before starting anything; `serve` settles it again
     _prepare_database()  # once, before the two processes start (they would take turns anyway)
     _check_artifact_store()
-    me = [sys.executable, "-P", "-m", "cli.main"]  # -P: see main()
-    children = [
-        subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),
-        subprocess.Popen([*me, "worker"], start_new_session=True),
-    ]
     stopping = False
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 
+    # Before the children exist: a SIGTERM between their start and these handlers ended dev
+    # by its default action and left the API and the worker running, orphaned.
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    me = [sys.executable, "-P", "-m", "cli.main"]  # -P: see main()
+    children = [
+        subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),
+        subprocess.Popen([*me, "worker"], start_new_session=True),
+    ]
     logger.info("tuneq dev: API on http://%s:%d, worker started (home %s)", host, port, get_settings().home)
     code = 0
     while not stopping:

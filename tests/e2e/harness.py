@@ -158,9 +158,14 @@ class Tuneq:
     def warm_starts(self) -> list[psutil.Process]:
         """The zygotes of this service's workers, wherever they are in the process tree: one
         whose worker is gone has init as its parent."""
+        return self.environment_processes(command=ZYGOTE_MODULE)
+
+    def environment_processes(self, *, command: str = "") -> list[psutil.Process]:
+        """Every process with this service's environment (its TUNEQ_QUEUE) whose command line
+        holds ``command``, wherever it is in the process tree: orphans included."""
         found = []
         for p in psutil.process_iter(["cmdline"]):
-            if ZYGOTE_MODULE not in " ".join(p.info["cmdline"] or []):
+            if command not in " ".join(p.info["cmdline"] or []):
                 continue
             with contextlib.suppress(psutil.Error):
                 if p.environ().get("TUNEQ_QUEUE") == self.env["TUNEQ_QUEUE"]:
