@@ -159,7 +159,9 @@ def apply_kernels(model: Any, kernels: Sequence[str]) -> None:
         switches = {name: name in modules for name in offered} | dict.fromkeys(_LIGER_LOSS_SWITCHES, False)
         apply(model=model, **switches)
     if FUSED_LOSS in kernels:
-        model.forward = MethodType(_fused_loss_forward(type(model).forward), model)
+        from liger_kernel.transformers.model.loss_utils import LigerForCausalLMLoss
+
+        install_fused_loss(model, LigerForCausalLMLoss)
     logger.info("kernels applied to %s: %s", model_type, ", ".join(kernels))
 
 
@@ -172,19 +174,22 @@ def _patch_layer_norms(model: Any) -> None:
             _patch_layer_norm_module(module)
 
 
-def _fused_loss_forward(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A causal LM forward that trains through the fused linear cross-entropy; evaluation, and
-    any call without labels, runs ``original`` (the logits are what it is for)."""
+def install_fused_loss(model: Any, linear_cross_entropy: Callable[..., Any]) -> None:
+    """Train this ``model`` instance through ``linear_cross_entropy`` (Liger's
+    ``LigerForCausalLMLoss``: the loss from the last hidden states and the head's weight, with
+    the labels as the model takes them). Evaluation, and any call without labels, runs the
+    class's own forward (the logits are what it is for); the class itself is left as it is."""
     import torch
-    from liger_kernel.transformers.model.loss_utils import LigerForCausalLMLoss
     from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    original = type(model).forward
 
     def forward(self: Any, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
         if labels is None or not self.training:
             return original(self, input_ids=input_ids, labels=labels, **kwargs)
         base = getattr(self, self.base_model_prefix)
         outputs = base(input_ids=input_ids, **kwargs)
-        loss = LigerForCausalLMLoss(
+        loss = linear_cross_entropy(
             hidden_states=outputs[0],
             lm_head_weight=self.get_output_embeddings().weight,
             labels=labels,
@@ -193,7 +198,7 @@ def _fused_loss_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         )
         return CausalLMOutputWithPast(loss=loss, logits=None)
 
-    return forward
+    model.forward = MethodType(forward, model)
 
 
 @dataclass(frozen=True)
