@@ -223,13 +223,10 @@ def llama_module_restored() -> Iterator[None]:
 def test_liger_patches_a_loaded_llama_in_place() -> None:
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
     from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
     from transformers.models.llama import modeling_llama
 
-    config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_causal_lm("llama")
     eager_rope = modeling_llama.apply_rotary_pos_emb
     apply_kernels(model, ("rms_norm", "swiglu", FUSED_LOSS))  # chosen without rope
     layer = model.model.layers[0]
@@ -239,20 +236,16 @@ def test_liger_patches_a_loaded_llama_in_place() -> None:
     assert modeling_llama.apply_rotary_pos_emb is eager_rope  # not chosen, not applied
     # The fused loss's forward is this instance's; the class keeps transformers' own.
     assert model.forward.__func__ is not LlamaForCausalLM.forward
-    assert LlamaForCausalLM(config).forward.__func__ is LlamaForCausalLM.forward
+    assert LlamaForCausalLM(model.config).forward.__func__ is LlamaForCausalLM.forward
 
 
 @needs_liger
 def test_gpt_neo_gets_liger_s_layer_norm() -> None:
     import torch
     from liger_kernel.transformers.layer_norm import LigerLayerNorm
-    from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
-    config = GPTNeoConfig(
-        vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]]
-    )
-    model = GPTNeoForCausalLM(config)
+    model = tiny_causal_lm("gpt_neo")
     apply_kernels(model, offered_kernels("gpt_neo"))
     norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert len(norms) == 5 and all(m.forward.__func__ is LigerLayerNorm.forward for m in norms)
-    assert all(m.variance_epsilon == config.layer_norm_epsilon for m in norms)
+    assert all(m.variance_epsilon == model.config.layer_norm_epsilon for m in norms)
