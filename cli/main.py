@@ -69,11 +69,16 @@ def _prepare_database() -> None:
 
 def _check_artifact_store() -> None:
     """Refuse to start (exit 1, one line naming TUNEQ_ARTIFACTS_URI and the problem) when the
-    artifact store cannot be written: a missing bucket, refused credentials, no endpoint."""
+    artifact store cannot be written (a missing bucket, refused credentials, no endpoint), or
+    is not the store the database records for this deployment (shared.db.store_identity: the
+    first process to start records its own). After _prepare_database."""
     from shared.artifacts.store import ArtifactStore, ArtifactStoreError
+    from shared.db.store_identity import claim_or_verify
 
     try:
-        ArtifactStore.from_settings(get_settings()).check()
+        store = ArtifactStore.from_settings(get_settings())
+        store.check()
+        claim_or_verify(store)
     except ArtifactStoreError as e:
         typer.echo(f"tuneq: {e}", err=True)
         raise typer.Exit(1) from None

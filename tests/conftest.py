@@ -97,6 +97,30 @@ def no_leaked_allreduce_buffers() -> Iterator[None]:
     assert not leaked, f"jobs of this test (or of one beside it) left DeepSpeed all-reduce buffers behind: {leaked}"
 
 
+class FakeClock:
+    """Stands in for the ``time`` module of shared.artifacts.store (``store_clock``): a sleep
+    moves it on at once, so a test of the store's backoff counts seconds without waiting them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def store_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The artifact store's backoff (``StoreOutage``) on a FakeClock."""
+    from shared.artifacts import store
+
+    clock = FakeClock()
+    monkeypatch.setattr(store, "time", clock)
+    return clock
+
+
 @pytest.fixture
 def tuneq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"

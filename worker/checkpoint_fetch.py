@@ -25,6 +25,7 @@ from shared.artifacts.store import (
 from shared.db.artifacts import checkpoint_files
 from shared.db.engine import session_scope
 from shared.db.models import ArtifactKind
+from shared.db.store_identity import ArtifactStoreMismatch, mismatch_now
 from shared.jobs.run_layout import RunLayout
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,11 @@ def fetch_checkpoint(
 ) -> Path:
     """The directory of ``job_id``'s committed DeepSpeed checkpoint at ``step`` under
     ``layout`` (that job's run directory on this host), every file checked. A store that fails
-    is retried with backoff for up to ``deadline_seconds`` (``keep_alive`` is called between
-    tries: it keeps the job's lease, and may raise to end the wait). Raises
-    ArtifactIntegrityError when a file is not the one that was published, ArtifactStoreError
-    when the store stayed unreachable."""
+    is retried with backoff for up to ``deadline_seconds`` (``keep_alive`` is called every
+    second meanwhile, whatever the backoff: it keeps the job's lease, and may raise to end the
+    wait). Raises ArtifactIntegrityError when a file is not the one that was published,
+    ArtifactStoreMismatch at the first failure when ``store`` is not the deployment's store
+    (a retry would never find the file), ArtifactStoreError when the store stayed unreachable."""
     with session_scope() as session:
         files = checkpoint_files(session=session, job_id=job_id, kind=ArtifactKind.deepspeed, step=step)
     if not files:
@@ -79,15 +81,16 @@ def _retrying(
         except ArtifactIntegrityError:
             raise
         except Exception as e:
-            outage.failed()
+            if outage.failed() and (problem := mismatch_now(store)) is not None:
+                missing = f"the checkpoint is not in this worker's artifact store ({e})"
+                raise ArtifactStoreMismatch(f"{missing}: {problem}") from e
             if outage.would_outlast(deadline_seconds):
                 raise ArtifactStoreError(
                     f"the artifact store {store} stayed unreachable for more than {deadline_seconds:.0f}s "
                     f"(TUNEQ_ARTIFACT_UPLOAD_DEADLINE_SECONDS) while fetching the checkpoint to resume from: {e}"
                 ) from e
             logger.warning("fetching from the artifact store %s failed (%s); retrying in %.0fs", store, e, outage.delay)
-            keep_alive()
-            outage.wait()
+            outage.wait(keep_alive)
 
 
 def drop_local_checkpoints_after(layout: RunLayout, step: int) -> list[Path]:

@@ -22,6 +22,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -79,6 +80,10 @@ class StoreOutage:
 
     FIRST_SECONDS = 1.0
     MAX_SECONDS = 30.0
+    # How often a wait calls its keep-alive, whatever the backoff: a job's lease (60 s by
+    # default, a few seconds in tests) must outlive every gap between keep-alives, and one call
+    # per try left 30 s gaps, past a 10 s lease (issue 41).
+    KEEP_ALIVE_SECONDS = 1.0
 
     def __init__(self) -> None:
         self.since: float | None = None
@@ -95,8 +100,13 @@ class StoreOutage:
         """Whether waiting for the next try would take the outage past ``deadline_seconds``."""
         return self.since is not None and time.monotonic() + self.delay - self.since > deadline_seconds
 
-    def wait(self) -> None:
-        time.sleep(self.delay)
+    def wait(self, keep_alive: Callable[[], None] = lambda: None) -> None:
+        """Sleep until the next try, calling ``keep_alive`` every ``KEEP_ALIVE_SECONDS`` meanwhile
+        (first at once; it may raise to end the wait)."""
+        end = time.monotonic() + self.delay
+        while (left := end - time.monotonic()) > 0:
+            keep_alive()
+            time.sleep(min(left, self.KEEP_ALIVE_SECONDS))
         self.delay = min(self.delay * 2, self.MAX_SECONDS)
 
     def recovered(self) -> float | None:
@@ -226,6 +236,13 @@ class ArtifactStore:
                 raise
         return StoredFile(key=key, size=size, sha256=sha256)
 
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a small object (a marker) under ``key``."""
+        target = self._path(key)
+        if not self.is_s3:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+        self._fs.pipe_file(target, data)
+
     def delete(self, keys: list[str]) -> None:
         """Remove files (a missing one is no error)."""
         paths = [self._path(k) for k in keys]
@@ -244,6 +261,10 @@ class ArtifactStore:
         if self.is_s3:
             return self._fs.open(self._path(key), "rb", block_size=HASH_CHUNK_BYTES, cache_type="readahead")
         return Path(self._path(key)).open("rb")
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole of a small object; FileNotFoundError when the store has no ``key``."""
+        return bytes(self._fs.cat_file(self._path(key)))
 
     def get_file(self, key: str, target: Path, *, sha256: str) -> None:
         """Copy ``key`` to ``target`` and check it is the file that was published before it

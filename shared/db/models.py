@@ -309,6 +309,20 @@ class File(FileBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
+class ArtifactStoreRecord(SQLModel, table=True):
+    """The artifact store every process of this deployment must name (shared.db.store_identity):
+    the first ``tuneq serve``, ``worker`` or ``dev`` to start wrote a marker object with
+    ``store_id`` in its name into its store, then this row. One row at most."""
+
+    __tablename__ = "artifact_store"
+
+    # Always 1: the one row's fixed key is what makes two first starts' inserts conflict.
+    id: int = Field(default=1, primary_key=True, sa_column_kwargs={"autoincrement": False})
+    store_id: str = Field(max_length=32)  # the marker's random id (uuid4 hex)
+    uri: str = Field(max_length=2000)  # TUNEQ_ARTIFACTS_URI as that first process had it, for messages
+    created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 # ---- public shapes ---------------------------------------------------------------------
 
 

@@ -219,6 +219,41 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(
         tuneq.stop()
 
 
+def test_a_worker_on_a_home_of_its_own_without_the_shared_store_is_refused_at_start(
+    tmp_path: Path, data: Path, pg: str, redis_url: str
+) -> None:
+    """Issue 41: TUNEQ_ARTIFACTS_URI left unset, the API and the first worker share a home, and
+    a worker on another host's home names its own TUNEQ_HOME/runs. It used to start, fail to
+    fetch the checkpoint for 30 s while its lease ran out, and lose the job as `worker_lost`
+    after three such attempts. It now refuses to start, naming the setting; one naming the
+    deployment's store (here a directory, as a mount every host shares) resumes the job."""
+    tuneq = service(tmp_path, data, TUNEQ_DATABASE_URL=pg, TUNEQ_BROKER_URL=redis_url).start()
+    try:
+        steps = 240
+        job = tuneq.submit(body(data, epochs=100, max_steps=steps, checkpoint_every_steps=10))
+        wait_until(
+            lambda: tuneq.get(f"/jobs/{job['id']}/checkpoints")["data"], timeout=180, what="no checkpoint", tuneq=tuneq
+        )
+        ranks = tuneq.ranks_of(job["id"])
+        tuneq.kill(tuneq.processes[1])  # the worker and its pool, SIGKILL
+        assert tuneq.job(job["id"])["step"] < steps, "the job finished before the worker was killed"
+        assert wait_gone(ranks, timeout=30) == []
+        new_host = tmp_path / "new-host"
+        refused = tuneq.start_worker(TUNEQ_HOME=str(new_host))
+        assert refused.wait(timeout=120) == 1
+        log = tuneq.log.read_text(errors="replace")
+        assert f"tuneq: TUNEQ_ARTIFACTS_URI {new_host / 'runs'} is not this deployment's artifact store" in log
+        assert f"records {tmp_path / 'home' / 'runs'}" in log
+        tuneq.processes.remove(refused)
+
+        tuneq.start_worker(TUNEQ_HOME=str(new_host), TUNEQ_ARTIFACTS_URI=str(tmp_path / "home" / "runs"))
+        done = tuneq.wait(job["id"], timeout=400)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"] == 2 and done["step"] == steps
+    finally:
+        tuneq.stop()
+
+
 def test_the_store_going_away_mid_run_delays_uploads_not_the_job(
     tmp_path: Path, data: Path, loopback_s3: LoopbackS3
 ) -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
+from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError, StoreOutage
 from shared.ports import free_port
+from tests.conftest import FakeClock
 from tests.services import S3_CREDENTIALS, LoopbackS3
 
 
@@ -147,3 +148,23 @@ def test_serve_and_worker_refuse_a_store_they_cannot_use(command: str, s3: Loopb
         "bucket 'no-such-bucket' does not exist"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_a_long_backoff_calls_the_keep_alive_every_second(store_clock: FakeClock) -> None:
+    """A job's lease (10 s, say) must not lapse while a resume waits 30 s for its next try: one
+    keep-alive per try left 30 s between them (issue 41)."""
+    outage = StoreOutage()
+    outage.failed()
+    outage.delay = StoreOutage.MAX_SECONDS
+    kept_alive: list[float] = []
+    outage.wait(lambda: kept_alive.append(store_clock.now))
+    assert kept_alive == [float(second) for second in range(30)]
+    assert store_clock.now == 30.0 and outage.delay == StoreOutage.MAX_SECONDS
+
+    def lease_lost() -> None:  # a keep-alive that raises ends the wait there
+        if store_clock.now >= 32:
+            raise RuntimeError("lease lost")
+
+    with pytest.raises(RuntimeError, match="lease lost"):
+        outage.wait(lease_lost)
+    assert store_clock.now == 32.0
