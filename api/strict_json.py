@@ -7,10 +7,8 @@ than the rest of tuneq can keep, so a body is refused with a 422 naming the plac
   says ``"stage": 0`` and then ``"stage": 3`` means different things to different readers;
 - ``NaN``, ``Infinity`` or ``-Infinity`` (not JSON), or a number too large for a float
   (``1e999``, which Python reads as infinity): a learning rate of infinity would train on garbage;
-- a NUL character, which Postgres cannot store in text, or a lone UTF-16 surrogate
-  (``"\\ud800"``), which is no character at all and cannot be encoded as UTF-8;
-- nesting deeper than ``MAX_DEPTH``: no field of a job is nested that deep, and a parser's
-  recursion (Python's or pydantic's) should never be what refuses a request.
+- a NUL character, a lone UTF-16 surrogate (``"\\ud800"``), or nesting deeper than
+  ``MAX_DEPTH``: ``shared.json_values``' limits, which the records of data files get too.
 """
 
 from __future__ import annotations
@@ -24,12 +22,9 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-# A DeepSpeed config is about 4 levels deep inside a job body; 32 leaves plenty of room.
-MAX_DEPTH = 32
+from shared.json_values import MAX_DEPTH, Loc, value_problem
 
 TOO_DEEP = f"the body is nested deeper than {MAX_DEPTH} levels: no job field is"
-
-Loc = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -67,14 +62,8 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def text_problem(text: str) -> str | None:
-    if "\x00" in text:
-        return "contains a NUL character (\\u0000), which cannot be stored: remove it"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains a lone UTF-16 surrogate (such as \\ud800), which is not a character: send valid Unicode"
-    return None
+def _not_a_finite_number(item: object) -> str | None:
+    return f"{item.text} is not a finite number: give a finite number" if isinstance(item, _NotANumber) else None
 
 
 def body_problem(body: bytes) -> BodyProblem | None:
@@ -88,25 +77,13 @@ def body_problem(body: bytes) -> BodyProblem | None:
         return BodyProblem(("body",), TOO_DEEP)
     except ValueError:
         return None
-    # Iteratively, depth first: a body nested thousands deep must not recurse here either.
-    pending: list[tuple[Loc, Any]] = [(("body",), value)]
-    while pending:
-        loc, item = pending.pop()
-        if len(loc) > MAX_DEPTH + 1:
-            return BodyProblem(loc[:MAX_DEPTH], TOO_DEEP)
-        if isinstance(item, _NotANumber):
-            return BodyProblem(loc, f"{item.text} is not a finite number: give a finite number")
-        if isinstance(item, str):
-            if (problem := text_problem(item)) is not None:
-                return BodyProblem(loc, f"this string {problem}")
-        elif isinstance(item, dict):
-            for key, child in reversed(item.items()):
-                if (problem := text_problem(key)) is not None:
-                    return BodyProblem((*loc, key.encode("utf-8", "replace").decode()), f"this key {problem}")
-                pending.append(((*loc, key), child))
-        elif isinstance(item, list):
-            pending.extend(((*loc, index), child) for index, child in reversed(list(enumerate(item))))
-    return None
+    found = value_problem(value, leaf_problem=_not_a_finite_number)
+    if found is None:
+        return None
+    loc: Loc = ("body", *found.loc)
+    if found.kind == "too_deep":
+        return BodyProblem(loc[:MAX_DEPTH], TOO_DEEP)
+    return BodyProblem(loc, f"this string {found.message}" if found.kind == "string" else found.message)
 
 
 def _parsed_as_json(content_type: str) -> bool:

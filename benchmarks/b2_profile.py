@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.data.prepared import rows_of
     from shared.data.records import read_records
     from shared.data.tokenized import tokenize_records
+    from shared.settings import DEFAULT_MAX_LINE_BYTES
     from worker.rank.batches import IGNORE_INDEX, RowCollator, SampleRows
 
     torch.set_num_threads(1)
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         model = AutoModelForCausalLM.from_pretrained(work / "model", use_safetensors=True).train()
         # The rows a job trains on: the job's own tokenization, one sample a row.
         limit = workload.MAX_SEQ_LENGTH
-        samples, _ = tokenize_records(read_records(work / "data.jsonl"), tokenizer, max_seq_length=limit)
+        records = read_records(work / "data.jsonl", max_line_bytes=DEFAULT_MAX_LINE_BYTES)
+        samples, _ = tokenize_records(records, tokenizer, max_seq_length=limit)
     dataset = SampleRows(samples, rows_of(samples, packing=False, max_seq_length=limit), packing=False)
     rows = [dataset[i] for i in range(len(dataset))]
     eos = tokenizer.eos_token_id

@@ -10,6 +10,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# TUNEQ_MAX_LINE_BYTES's default, which the spec handed to the ranks also falls back on. 8 MiB: a
+# million-token conversation is about 4 MB of JSON (~4 bytes a token), and one written with
+# \uXXXX escapes (json.dumps' default for non-ASCII text) under 8; a 128k-token one under 1 MB.
+# Parsing a line takes about twice its size for long strings, and up to ~25 times (~200 MB) for a
+# line of tiny objects, which is what this bounds per upload or dataset read in flight.
+DEFAULT_MAX_LINE_BYTES = 8 * 1024**2
+
 
 class Settings(BaseSettings):
     """Every knob of the service. Defaults give the embedded, no-services setup."""
@@ -73,6 +80,10 @@ class Settings(BaseSettings):
     # The largest file POST /v1/files takes (OpenAI's limit for a fine-tuning file, 512 MiB);
     # past it 413. The upload is spooled to disk as it arrives, so this bounds disk, not memory.
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1)
+    # The longest line of a JSON Lines file (a /v1/files upload, a dataset read at submit, plan or
+    # by the worker); past it a 4xx naming the line. Files are read a line at a time, and a longer
+    # line is never held whole, so this bounds the memory one file's check takes.
+    max_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1)
     # Memory of one device, which the DeepSpeed config tuneq chooses for a job without one is
     # planned for (shared.deepspeed.chosen) while no live worker that could run the job has
     # recorded its own (none seen yet, or rows of workers from an older release): a GPU's on

@@ -77,7 +77,7 @@ def local_dataset(
     report(DownloadProgress(field, shown, size, size, finished=True))
     # The records are checked here, as the API checks local files at submit.
     try:
-        read_records(path, dataset_format=dataset_format)
+        read_records(path, dataset_format=dataset_format, max_line_bytes=settings.max_line_bytes)
     except DatasetError as e:
         raise InputProblem(f"{field} '{shown}': {e}") from None
     return str(path)

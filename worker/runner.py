@@ -422,6 +422,7 @@ def prepare_attempt(
         run_dir=str(layout.root),
         cache_dir=str(settings.cache_dir),
         dist_timeout_minutes=settings.dist_timeout_minutes,
+        max_line_bytes=settings.max_line_bytes,
     )
     write_json_atomic(layout.spec, json.loads(spec.model_dump_json()))
     # A node other than node 0 reads the log from where this attempt's lines begin: the

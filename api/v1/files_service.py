@@ -18,12 +18,12 @@ from typing import BinaryIO, Literal
 from sqlmodel import Session, col, select
 
 from api.artifact_download import artifact_store, read_range
-from api.strict_json import text_problem
 from api.v1.pages import past_cursor
 from shared.artifacts.store import file_key
 from shared.data.records import DatasetError, check_openai_chat_file
 from shared.data.uploaded_files import RESULTS_PURPOSE, UPLOAD_PURPOSE, is_file_id, new_file_id
 from shared.db.models import File, FileListPublic, FilePublic
+from shared.json_values import text_problem
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def create_file(
         path = Path(scratch) / "upload.jsonl"
         _spool(upload, path, limit=settings.max_upload_bytes)
         try:
-            records = check_openai_chat_file(path)
+            records = check_openai_chat_file(path, max_line_bytes=settings.max_line_bytes)
         except DatasetError as e:
             raise FileRequestError(f"{filename}: {e}", param="file") from None
         stored = store.put_file(path, file_key(file_id))

@@ -172,7 +172,9 @@ def training_examples(*, session: Session, settings: Settings, file: File) -> in
     before tuneq counted them)."""
     if file.records is None:
         # This host's checked copy, the one the plan reads too.
-        file.records = check_openai_chat_file(uploaded_file_path(file.id, settings=settings))
+        file.records = check_openai_chat_file(
+            uploaded_file_path(file.id, settings=settings), max_line_bytes=settings.max_line_bytes
+        )
         session.add(file)
         session.commit()
     return file.records

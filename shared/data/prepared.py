@@ -107,8 +107,10 @@ def load_training_data(
     options: TrainingOptions,
     tokenizer: Any,
     cache_dir: Path,
+    max_line_bytes: int,
 ) -> TrainingData:
-    """Raises DatasetError or TokenizationError, naming ``dataset`` or ``validation_dataset``."""
+    """Raises DatasetError or TokenizationError, naming ``dataset`` or ``validation_dataset``.
+    ``max_line_bytes``: the longest line of a JSON Lines file (``TUNEQ_MAX_LINE_BYTES``)."""
 
     def load(path: Path, what: str, dataset_format: Any) -> tuple[TokenizedSamples, DatasetStats]:
         try:
@@ -118,6 +120,7 @@ def load_training_data(
                 dataset_format=dataset_format,
                 max_seq_length=options.seq_length,
                 cache_root=cache_dir / "tokenized",
+                max_line_bytes=max_line_bytes,
             )
         except DatasetError as e:
             raise DatasetError(f"{what}: {e}", e.problems) from None

@@ -15,7 +15,11 @@ Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked by t
 dataset given to ``POST /jobs`` are read, checked and trained the same way.
 
 Files are JSON Lines (read here, so a bad line is named by its number), or JSON, CSV and
-Parquet (read with the ``datasets`` library, a bad record named by its row).
+Parquet (read with the ``datasets`` library, a bad record named by its row). A JSON Lines file is
+read a line at a time, and a line past ``max_line_bytes`` (``TUNEQ_MAX_LINE_BYTES``) is refused
+without ever being held whole: a file's size bounds disk, this bounds memory. Every record, of
+every file type, then gets the limits a request body gets (``shared.json_values``: nesting, NUL,
+lone surrogates) before any format's checks: such a record would fail a tokenizer mid-run.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, BinaryIO, Literal, get_args
+
+from shared.json_values import MAX_DEPTH, Loc, ValueProblem, value_problem
 
 DatasetFormat = Literal["text", "prompt_completion", "messages"]
 FORMATS: tuple[str, ...] = get_args(DatasetFormat)
@@ -40,6 +46,7 @@ JSON_TEXT_COLUMNS = ("messages", "tools")
 
 # How many bad records one error message names before it says "and N more".
 MAX_REPORTED_PROBLEMS = 5
+TOO_DEEP = f"is nested deeper than {MAX_DEPTH} levels, which no record needs: flatten it"
 EXAMPLES: dict[str, str] = {
     "text": '{"text": "..."}',
     "prompt_completion": '{"prompt": "...", "completion": "..."}',
@@ -102,29 +109,50 @@ def file_type(path: Path) -> str:
     return FILE_TYPES.get(path.suffix.lower(), JSON_LINES)
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[str, Any | RecordProblem]]:
-    """Yield ``("line N", value)`` per non-blank line, or a problem for a malformed one."""
-    with path.open("r", encoding="utf-8", errors="strict") as f:
+def iter_json_lines(path: Path, *, max_line_bytes: int) -> Iterator[tuple[str, Any | FieldProblem]]:
+    """Yield ``("line N", value)`` per non-blank line, or a problem for a malformed one.
+
+    A line of more than ``max_line_bytes`` bytes (its newline aside) is a problem, read past in
+    pieces of at most that size: never held whole, however long.
+    """
+    with path.open("rb") as f:
         lineno = 0
-        while True:
+        while raw := f.readline(max_line_bytes + 1):
             lineno += 1
             where = f"line {lineno}"
-            try:
-                raw = f.readline()
-            except UnicodeDecodeError:
-                yield where, RecordProblem(where, "is not valid UTF-8")
-                return
-            if not raw:
-                return
-            if not raw.strip():
-                continue
-            try:
-                yield where, json.loads(raw)
-            except json.JSONDecodeError as e:
-                yield where, RecordProblem(where, f"is not valid JSON ({e.msg} at column {e.colno})")
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                _skip_rest_of_line(f, max_line_bytes + 1)
+                yield where, FieldProblem(None, _too_long(max_line_bytes))
+            elif raw.strip():
+                yield where, _parsed_line(raw)
 
 
-def iter_table(path: Path, kind: str) -> Iterator[tuple[str, Any | RecordProblem]]:
+def _too_long(max_line_bytes: int) -> str:
+    return (
+        f"is longer than {max_line_bytes} bytes, the most one line may hold (TUNEQ_MAX_LINE_BYTES): "
+        "shorten the record, or split it into several"
+    )
+
+
+def _skip_rest_of_line(f: BinaryIO, piece_bytes: int) -> None:
+    while (piece := f.readline(piece_bytes)) and not piece.endswith(b"\n"):
+        pass
+
+
+def _parsed_line(raw: bytes) -> Any | FieldProblem:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return FieldProblem(None, "is not valid UTF-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        return FieldProblem(None, f"is not valid JSON ({e.msg} at column {e.colno})")
+    except RecursionError:  # Python's parser recurses per level, so it gives up near a thousand
+        return FieldProblem(None, TOO_DEEP)
+
+
+def iter_table(path: Path, kind: str) -> Iterator[tuple[str, Any | FieldProblem]]:
     """JSON, CSV and Parquet through ``datasets``: ``("row N", record)``, 1-based."""
     import datasets
 
@@ -140,10 +168,42 @@ def iter_table(path: Path, kind: str) -> Iterator[tuple[str, Any | RecordProblem
             raise DatasetError(f"{path.name} cannot be read as {kind.upper()}: {_first_line(e)}") from None
         assert isinstance(table, datasets.Dataset)
         for index, record in enumerate(table, start=1):
-            record = _without_nulls(record)
-            if kind == CSV:
-                _decode_json_text(record)
+            try:
+                record = _without_nulls(record)
+                if kind == CSV:
+                    _decode_json_text(record)
+            except RecursionError:  # a column nested about a thousand deep, or a cell's JSON text
+                yield f"{label} {index}", FieldProblem(None, TOO_DEEP)
+                continue
             yield f"{label} {index}", record
+
+
+def iter_records(
+    path: Path, *, max_line_bytes: int, kind: str | None = None
+) -> Iterator[tuple[str, Any | FieldProblem]]:
+    """Every record of a file of ``kind`` (by default its extension's), as ``(where, record)``,
+    or the problem that keeps it from being one: unreadable, not JSON, too long a line, or a
+    value ``shared.json_values`` refuses (the one check of every string of every record)."""
+    kind = kind or file_type(path)
+    items = iter_json_lines(path, max_line_bytes=max_line_bytes) if kind == JSON_LINES else iter_table(path, kind)
+    for where, item in items:
+        if not isinstance(item, FieldProblem) and (found := value_problem(item)) is not None:
+            item = _field_problem_of(found)
+        yield where, item
+
+
+def _field_problem_of(found: ValueProblem) -> FieldProblem:
+    """A refused value as a problem of the field it is in: a string or key by its own path
+    (``messages[1].content``), nesting by the top-level field it is under."""
+    if found.kind == "too_deep":
+        top = found.loc[0] if found.loc else None
+        return FieldProblem(top if isinstance(top, str) else None, TOO_DEEP)
+    return FieldProblem(_field_path(found.loc) or None, found.message)
+
+
+def _field_path(loc: Loc) -> str:
+    """Keys and indexes as a record's fields are named: ``messages[1].tool_calls[0].id``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 
 def _without_nulls(value: Any) -> Any:
@@ -337,29 +397,28 @@ def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
     return None if problem is None else problem.native_text()
 
 
-def detect_file_format(path: Path) -> DatasetFormat:
+def detect_file_format(path: Path, *, max_line_bytes: int) -> DatasetFormat:
     """The format of a dataset file, from its first record that is an object with known fields."""
-    kind = file_type(path)
-    for _, item in iter_json_lines(path) if kind == JSON_LINES else iter_table(path, kind):
-        found = None if isinstance(item, RecordProblem) else detect_format(item)
+    for _, item in iter_records(path, max_line_bytes=max_line_bytes):
+        found = None if isinstance(item, FieldProblem) else detect_format(item)
         if found is not None:
             return found
-    return read_records(path).format  # raises the DatasetError that says what is wrong
+    # Raises the DatasetError that says what is wrong.
+    return read_records(path, max_line_bytes=max_line_bytes).format
 
 
-def read_records(path: Path, *, dataset_format: DatasetFormat | None = None) -> Records:
+def read_records(path: Path, *, dataset_format: DatasetFormat | None = None, max_line_bytes: int) -> Records:
     """Every record of a dataset file in one format, or a DatasetError naming the bad ones.
 
     Without ``dataset_format`` the format is the first record's (by its fields); every
-    other record must then have the same fields.
+    other record must then have the same fields. ``max_line_bytes``: the longest line of a
+    JSON Lines file (``TUNEQ_MAX_LINE_BYTES``).
     """
-    kind = file_type(path)
-    items = iter_json_lines(path) if kind == JSON_LINES else iter_table(path, kind)
     records: Records | None = None
     problems: list[RecordProblem] = []
-    for where, item in items:
-        if isinstance(item, RecordProblem):
-            problems.append(item)
+    for where, item in iter_records(path, max_line_bytes=max_line_bytes):
+        if isinstance(item, FieldProblem):
+            problems.append(RecordProblem(where, item.native_text()))
             continue
         if records is None:
             chosen = dataset_format or detect_format(item)
@@ -393,24 +452,21 @@ def _summary(sentences: list[str]) -> str:
     return "; ".join(sentences[:MAX_REPORTED_PROBLEMS]) + (f"; and {more} more bad records" if more > 0 else "")
 
 
-def check_openai_chat_file(path: Path) -> int:
+def check_openai_chat_file(path: Path, *, max_line_bytes: int) -> int:
     """Check a JSON Lines file against OpenAI's chat fine-tuning format, every line of it:
     the number of records, or a DatasetError whose message names the first bad ones
-    (``line 7: messages[1].role must be one of ...``). Read a line at a time."""
+    (``line 7: messages[1].role must be one of ...``). Read a line at a time, each line at most
+    ``max_line_bytes`` (``TUNEQ_MAX_LINE_BYTES``)."""
     problems: list[RecordProblem] = []
     sentences: list[str] = []
     count = 0
-    for where, item in iter_json_lines(path):
-        if isinstance(item, RecordProblem):  # not JSON, not UTF-8
-            problem = item
-            sentences.append(FieldProblem(None, item.message).sentence(where))
-        elif (found := openai_chat_problem(item)) is not None:
-            problem = RecordProblem(where, found.native_text())
-            sentences.append(found.sentence(where))
-        else:
+    for where, item in iter_records(path, max_line_bytes=max_line_bytes, kind=JSON_LINES):
+        found = item if isinstance(item, FieldProblem) else openai_chat_problem(item)
+        if found is None:
             count += 1
             continue
-        problems.append(problem)
+        problems.append(RecordProblem(where, found.native_text()))
+        sentences.append(found.sentence(where))
     if problems:
         raise DatasetError(_summary(sentences), problems)
     if count == 0:

@@ -377,6 +377,7 @@ def prepare_tokenized(
     dataset_format: DatasetFormat | None,
     max_seq_length: int,
     cache_root: Path,
+    max_line_bytes: int,
 ) -> tuple[TokenizedSamples, DatasetStats]:
     """The dataset's samples from the cache, or read, checked, tokenized and cached now.
 
@@ -387,7 +388,7 @@ def prepare_tokenized(
 
     data_sha256 = dataset_sha256(path, memo_dir=cache_root / "hashes")
     # The format is part of the key; when it is detected, detection is cheap next to hashing.
-    chosen = dataset_format or detect_file_format(path)
+    chosen = dataset_format or detect_file_format(path, max_line_bytes=max_line_bytes)
     key = cache_key(data_sha256=data_sha256, tokenizer=tokenizer, dataset_format=chosen, max_seq_length=max_seq_length)
     entry = cache_root / key
     with _locked(cache_root / f"{key}.lock"):
@@ -395,7 +396,7 @@ def prepare_tokenized(
         if cached is not None:
             logger.info("tokenized %s found in the cache (%s)", path.name, key)
             return cached
-        records = read_records(path, dataset_format=chosen)
+        records = read_records(path, dataset_format=chosen, max_line_bytes=max_line_bytes)
         try:
             samples, stats = tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
         except TokenizationError as e:  # named like a DatasetError: "data.jsonl: line 3 ..."

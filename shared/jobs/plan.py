@@ -179,6 +179,7 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
             options=opts,
             tokenizer=tokenizer,
             cache_dir=settings.cache_dir,
+            max_line_bytes=settings.max_line_bytes,
         )
     except (DatasetError, TokenizationError, DatasetSourceError) as e:
         field = "validation_dataset" if str(e).startswith("validation_dataset") else "dataset"

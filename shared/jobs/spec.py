@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from shared.data.records import DatasetFormat
 from shared.jobs.attention import AttentionChoice
+from shared.settings import DEFAULT_MAX_LINE_BYTES
 
 
 class LoraOptions(BaseModel):
@@ -270,4 +271,6 @@ class TrainingSpec(BaseModel):
     run_dir: str
     # How long a rank waits in a collective before DeepSpeed gives up (TUNEQ_DIST_TIMEOUT_MINUTES).
     dist_timeout_minutes: int = 30
+    # The longest line of a JSON Lines dataset the ranks read (the worker's TUNEQ_MAX_LINE_BYTES).
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     cache_dir: str  # tokenized datasets, shared by the jobs of this host

@@ -113,7 +113,7 @@ def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field
     try:
         path = check_dataset(value, settings)
         if path is not None:
-            read_records(path, dataset_format=job_in.training.dataset_format)
+            read_records(path, dataset_format=job_in.training.dataset_format, max_line_bytes=settings.max_line_bytes)
     except (DatasetError, ValueError) as e:
         return [Problem(("body", field), str(e))]
     except OSError as e:

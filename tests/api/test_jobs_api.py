@@ -402,6 +402,47 @@ def test_duplicate_json_keys_are_refused(client: TestClient, body: dict[str, Any
     )
 
 
+# Lines of a local dataset that the probe (issue 41) sent: once a 500 on both routes (the nesting,
+# a RecursionError), or accepted (the surrogate, the NUL: the job then failed in the tokenizer, and
+# the plan answered 500). Each written as the file holds it: JSON escapes, not the characters.
+HOSTILE_DATASET_LINES = [
+    ("nested-5000", '{"text": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}", "line 2 is nested deeper than 32"),
+    ("nested-40", '{"text": "x", "meta": ' + "[" * 40 + "]" * 40 + "}", 'line 2 field "meta" is nested deeper than 32'),
+    ("lone-surrogate", '{"text": "hello \\ud800 there"}', 'line 2 field "text" contains a lone UTF-16 surrogate'),
+    ("nul", '{"text": "a\\u0000b"}', 'line 2 field "text" contains a NUL character'),
+    ("too-long", '{"text": "' + "a" * 20_000 + '"}', "line 2 is longer than 15000 bytes, the most one line may hold"),
+]
+
+
+@pytest.mark.parametrize("operation", ["/jobs", "/jobs/plan"])
+@pytest.mark.parametrize(
+    ("line", "said"), [case[1:] for case in HOSTILE_DATASET_LINES], ids=[case[0] for case in HOSTILE_DATASET_LINES]
+)
+def test_a_dataset_line_no_request_body_could_hold_is_a_422_naming_it_and_leaves_no_row(
+    client: TestClient,
+    body: dict[str, Any],
+    dataset: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    operation: str,
+    line: str,
+    said: str,
+) -> None:
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("TUNEQ_MAX_LINE_BYTES", "15000")  # above the 10 kB of nested-5000
+    get_settings.cache_clear()
+    hostile = dataset.with_name("hostile.jsonl")
+    hostile.write_text('{"text": "fine"}\n' + line + '\n{"text": "fine"}\n')
+    response = client.post(operation, json={**body, "dataset": str(hostile)})
+    assert response.status_code == 422, response.text
+    problem = response.json()["detail"][0]
+    assert problem["loc"] == ["body", "dataset"]
+    assert problem["msg"].startswith(f"hostile.jsonl: {said}"), problem
+    assert job_count() == 0
+    # The same client's next request is answered: nothing above broke the connection or the app.
+    assert client.post("/jobs", json=body).status_code == 201
+
+
 @pytest.mark.parametrize("path", ["/events/stream", "/logs?follow=true"])
 def test_an_open_stream_holds_no_database_connection(client: TestClient, body: dict[str, Any], path: str) -> None:
     # Hundreds of dashboards and `--follow`s stay connected for hours; the pool has a few dozen.

@@ -194,6 +194,99 @@ def test_a_file_that_cannot_be_kept_is_a_400_naming_the_field_and_leaves_nothing
     assert file_rows() == 0 and stored_keys() == []
 
 
+def _chat_line(**changes: Any) -> bytes:
+    """CHAT as one JSON Lines line, each of ``changes`` (a field: raw JSON text) put in as written."""
+    record = dict(CHAT)
+    for name in changes:
+        record[name] = f"__{name}__"
+    line = json.dumps(record)
+    for name, raw in changes.items():
+        line = line.replace(f'"__{name}__"', raw)
+    return line.encode() + b"\n"
+
+
+GOOD_LINE = _chat_line()
+USER_SAYS = json.dumps([CHAT["messages"][0], {"role": "user", "content": "h\ud800i"}, *CHAT["messages"][2:]])
+# What the probe (issue 41) sent, each once a 500 (deep nesting, with the connection dropped) or a
+# file accepted whose job then failed in the tokenizer (a lone surrogate, a NUL).
+HOSTILE_UPLOADS = [
+    (
+        "nested-5000",
+        GOOD_LINE + _chat_line(tools="[" * 5000 + "]" * 5000),
+        "train.jsonl: line 2: the record is nested deeper than 32 levels, which no record needs: flatten it",
+    ),
+    (
+        "nested-40",
+        _chat_line(
+            tools='[{"type": "function", "function": {"name": "f", "parameters": ' + "[" * 40 + "]" * 40 + "}}]"
+        ),
+        "train.jsonl: line 1: tools is nested deeper than 32 levels",
+    ),
+    (
+        "lone-surrogate",
+        GOOD_LINE * 2 + _chat_line(messages=USER_SAYS),
+        "train.jsonl: line 3: messages[1].content contains a lone UTF-16 surrogate (such as \\ud800)",
+    ),
+    (
+        "nul-in-a-tool-call",
+        _chat_line(
+            messages=json.dumps(
+                [
+                    {"role": "user", "content": "weather?"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"c": "a\x00"}'}}
+                        ],
+                    },
+                ]
+            )
+        ),
+        "train.jsonl: line 1: messages[1].tool_calls[0].function.arguments contains a NUL character (\\u0000)",
+    ),
+    (
+        "nul-in-a-tool-schema-key",
+        _chat_line(tools='[{"type": "function", "function": {"name": "w", "parameters": {"a\\u0000": 1}}}]'),
+        "train.jsonl: line 1: tools[0].function.parameters has a key that contains a NUL character",
+    ),
+]
+
+
+@pytest.mark.parametrize(("content", "said"), [c[1:] for c in HOSTILE_UPLOADS], ids=[c[0] for c in HOSTILE_UPLOADS])
+def test_a_record_no_request_body_could_hold_is_a_400_naming_the_line_and_the_connection_goes_on(
+    client: TestClient, stored_keys: StoredKeys, content: bytes, said: str
+) -> None:
+    error = error_of(upload(client, content), 400)
+    assert error["message"].startswith(said), error
+    assert (error["type"], error["param"]) == ("invalid_request_error", "file")
+    assert file_rows() == 0 and stored_keys() == []
+    # The same client's next request is answered: nothing above broke the connection or the app.
+    kept = upload(client)
+    assert kept.status_code == 200, kept.text
+    assert stored_keys() == [kept.json()["id"]]
+
+
+def test_a_line_past_max_line_bytes_is_a_400_naming_it_and_one_at_it_is_kept(
+    client: TestClient, stored_keys: StoredKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = len(GOOD_LINE) - 1  # the newline aside: the good line is exactly at the limit
+    monkeypatch.setenv("TUNEQ_MAX_LINE_BYTES", str(limit))
+    get_settings.cache_clear()
+    longer = {"role": "assistant", "content": "You are most welcome."}
+    long_line = _chat_line(messages=json.dumps([*CHAT["messages"][:-1], longer]))
+    assert len(long_line) > len(GOOD_LINE)
+    error = error_of(upload(client, GOOD_LINE + long_line + GOOD_LINE), 400)
+    assert error["message"] == (
+        f"train.jsonl: line 2: the record is longer than {limit} bytes, the most one line may hold "
+        "(TUNEQ_MAX_LINE_BYTES): shorten the record, or split it into several"
+    )
+    assert error["param"] == "file" and file_rows() == 0 and stored_keys() == []
+    kept = upload(client, GOOD_LINE * 3)
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["bytes"] == 3 * len(GOOD_LINE) and file_rows() == 1
+
+
 def test_the_bad_record_message_names_line_7_and_the_field_in_full(client: TestClient) -> None:
     error = error_of(upload(client, BAD_LINE_7), 400)
     assert error["message"] == (

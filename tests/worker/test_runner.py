@@ -332,11 +332,13 @@ def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url
         claimed,
         deepspeed_config=sanitized,
         datasets={"dataset": claimed.dataset, "validation_dataset": None},
-        settings=get_settings(),
+        settings=get_settings().model_copy(update={"max_line_bytes": 12345}),
         worker_id="w",
     )
-    written = json.loads(layout.spec.read_text())["deepspeed_config"]
+    spec = json.loads(layout.spec.read_text())
+    written = spec["deepspeed_config"]
     assert written["tensorboard"]["output_path"].startswith(str(layout.root))
+    assert spec["max_line_bytes"] == 12345  # the worker's TUNEQ_MAX_LINE_BYTES, for the ranks' reads
     assert attempt.spec.resume_from is None and attempt.number == 1
 
 

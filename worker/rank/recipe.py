@@ -212,6 +212,7 @@ class FineTuneRecipe:
                 options=opts,
                 tokenizer=self.tokenizer,
                 cache_dir=Path(spec.cache_dir),
+                max_line_bytes=spec.max_line_bytes,
             )
         except (DatasetError, TokenizationError) as e:
             raise InvalidInputError(str(e)) from None

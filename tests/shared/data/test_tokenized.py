@@ -15,6 +15,7 @@ from cli.samples import write_messages_dataset
 from shared.data import tokenized
 from shared.data.records import Records, read_records
 from shared.data.tokenized import TokenizationError, TokenizedSamples, prepare_tokenized, tokenize_records
+from shared.settings import DEFAULT_MAX_LINE_BYTES
 from tests.shared.data.chat_records import OPENAI_CHAT
 
 
@@ -162,12 +163,26 @@ def test_a_template_that_refuses_a_conversation_names_the_record(plain: Any) -> 
 
 def test_the_sample_chat_dataset_trains_with_tool_calls(tokenizer: Any, plain: Any, tmp_path: Path) -> None:
     data = write_messages_dataset(tmp_path / "chat.jsonl", records=8)
-    assert sum("tools" in r for r in read_records(data).rows) == 2
-    samples, stats = prepare_tokenized(data, tokenizer, dataset_format=None, max_seq_length=512, cache_root=tmp_path)
+    assert sum("tools" in r for r in read_records(data, max_line_bytes=DEFAULT_MAX_LINE_BYTES).rows) == 2
+    samples, stats = prepare_tokenized(
+        data,
+        tokenizer,
+        dataset_format=None,
+        max_seq_length=512,
+        cache_root=tmp_path,
+        max_line_bytes=DEFAULT_MAX_LINE_BYTES,
+    )
     assert stats.samples == 8 and '"arguments": {"city": ' in targets_text(tokenizer, *samples.sample(3))
     # Named like a bad record: the file, then the line.
     with pytest.raises(TokenizationError, match=r"^chat.jsonl: line 4 has a tools list and tool calls"):
-        prepare_tokenized(data, plain, dataset_format=None, max_seq_length=512, cache_root=tmp_path)
+        prepare_tokenized(
+            data,
+            plain,
+            dataset_format=None,
+            max_seq_length=512,
+            cache_root=tmp_path,
+            max_line_bytes=DEFAULT_MAX_LINE_BYTES,
+        )
 
 
 def write_texts(path: Path, texts: list[str]) -> Path:
@@ -178,16 +193,24 @@ def write_texts(path: Path, texts: list[str]) -> Path:
 def test_cache_is_hit_by_content_and_missed_on_any_input_change(tokenizer: Any, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     data = write_texts(tmp_path / "a.jsonl", ["the cat sees a tree.", "a dog likes the ball."])
-    first, stats = prepare_tokenized(data, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    first, stats = prepare_tokenized(
+        data, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache, max_line_bytes=DEFAULT_MAX_LINE_BYTES
+    )
     assert not stats.cached and stats.format == "text"
     copy = write_texts(tmp_path / "elsewhere.jsonl", ["the cat sees a tree.", "a dog likes the ball."])
-    again, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    again, stats = prepare_tokenized(
+        copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache, max_line_bytes=DEFAULT_MAX_LINE_BYTES
+    )
     assert stats.cached  # same content under another name
     assert np.array_equal(first.tokens, again.tokens) and np.array_equal(first.offsets, again.offsets)
-    _, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=8, cache_root=cache)
+    _, stats = prepare_tokenized(
+        copy, tokenizer, dataset_format=None, max_seq_length=8, cache_root=cache, max_line_bytes=DEFAULT_MAX_LINE_BYTES
+    )
     assert not stats.cached  # another sequence length
     write_texts(copy, ["the cat sees a tree."])
-    _, stats = prepare_tokenized(copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache)
+    _, stats = prepare_tokenized(
+        copy, tokenizer, dataset_format=None, max_seq_length=32, cache_root=cache, max_line_bytes=DEFAULT_MAX_LINE_BYTES
+    )
     assert not stats.cached and stats.records == 1  # other content
     entries = [p for p in cache.iterdir() if p.is_dir() and p.name != "hashes"]  # hashes: the sha memo
     assert len(entries) == 3 and not any(p.name.startswith(".") for p in entries)
@@ -199,7 +222,12 @@ def _prepare_in_child(args: tuple[str, str, str]) -> tuple[bool, list[int]]:
     model, data, cache = args
     tok = AutoTokenizer.from_pretrained(model)
     samples, stats = prepare_tokenized(
-        Path(data), tok, dataset_format="text", max_seq_length=32, cache_root=Path(cache)
+        Path(data),
+        tok,
+        dataset_format="text",
+        max_seq_length=32,
+        cache_root=Path(cache),
+        max_line_bytes=DEFAULT_MAX_LINE_BYTES,
     )
     return stats.cached, samples.tokens.tolist()
 
@@ -215,7 +243,7 @@ def test_concurrent_preparers_tokenize_once(tiny_model_template: Path, tmp_path:
 
 def test_records_and_stats_agree_with_the_reader(tokenizer: Any, tmp_path: Path) -> None:
     data = write_texts(tmp_path / "d.jsonl", ["a b c", "the cat."])
-    records = read_records(data)
+    records = read_records(data, max_line_bytes=DEFAULT_MAX_LINE_BYTES)
     samples, stats = tokenize_records(records, tokenizer, max_seq_length=32)
     assert stats.samples == len(samples) == 2 and stats.tokens == int(samples.lengths.sum())
 
