@@ -36,9 +36,20 @@ BODY_ERRORS: Responses = {
 }
 UNAUTHORIZED: Responses = {401: error("No API key, or an unknown or revoked one")}
 
+# How long a client waits before retrying a 503: the database back from a restart, or another
+# replica (or the restarted server) answering for one that stopped.
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
+
 
 def error_response(path: str, status_code: int, message: str, *, headers: dict[str, str] | None = None) -> JSONResponse:
     """An error answered outside a route (a middleware, a database outage), in the shape the
     request's path speaks: OpenAI's envelope under ``/v1``, ``{"detail": ...}`` elsewhere."""
     content = envelope(status_code, message) if is_openai_path(path) else {"detail": message}
     return JSONResponse(content, status_code=status_code, headers=headers)
+
+
+def unavailable_response(path: str, message: str) -> JSONResponse:
+    """A 503 with ``Retry-After``, which clients retry (``tuneq``'s commands, the harness, load
+    balancers): what the API answers while it cannot serve for a moment (the database is away,
+    the server is stopping), rather than a 500 or a dropped connection."""
+    return error_response(path, 503, message, headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)})

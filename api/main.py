@@ -13,12 +13,14 @@ from fastapi import FastAPI, Request, Response
 from sqlalchemy.exc import DBAPIError
 
 from api.auth import BodySizeLimit
-from api.errors import error_response
+from api.errors import unavailable_response
 from api.jobs_service import JobAnswer
 from api.metrics import RequestLatency, build_registry
+from api.nul_refusal import NulRefusal
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
 from api.routes import dashboard, health, jobs
+from api.server_stop import ServerStop, UnavailableWhileStopping
 from api.v1 import files as v1_files
 from api.v1 import fine_tuning as v1_fine_tuning
 from api.v1 import models as v1_models
@@ -44,15 +46,19 @@ def _warm_deepspeed_parser() -> None:
     gc.freeze()
 
 
+# After uvicorn's stop grace: how long the requests it cancelled get to send their 503s.
+REQUESTS_END_SECONDS = 5.0
+
+
 @asynccontextmanager
-async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     init_db()
     threading.Thread(target=_warm_deepspeed_parser, name="warm-deepspeed", daemon=True).start()
     yield
+    # uvicorn cancelled what its stop's grace cut off just before this; those requests answer
+    # 503 once they have unwound (api.server_stop), which must happen before the process ends.
+    await app.state.server_stop.requests_ended(timeout=REQUESTS_END_SECONDS)
     shutdown_plan_executor()
-
-
-DATABASE_RETRY_AFTER_SECONDS = 5
 
 
 async def _database_unavailable(request: Request, error: Exception) -> Response:
@@ -61,11 +67,8 @@ async def _database_unavailable(request: Request, error: Exception) -> Response:
     if not is_transient_database_error(error):
         raise error
     logger.warning("%s %s: the database is unreachable: %s", request.method, request.url.path, error)
-    return error_response(
-        request.url.path,
-        503,
-        "the database is unreachable for a moment: retry after the Retry-After seconds",
-        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    return unavailable_response(
+        request.url.path, "the database is unreachable for a moment: retry after the Retry-After seconds"
     )
 
 
@@ -77,13 +80,19 @@ def create_app() -> FastAPI:
     )  # OpenAI's envelope on /v1
     # TUNEQ_MAX_REQUEST_BYTES (TUNEQ_MAX_UPLOAD_BYTES for a file upload), before any route reads the body.
     app.add_middleware(BodySizeLimit, upload_paths=frozenset({v1_files.UPLOAD_PATH}))
+    # A NUL in the path, query or a header: a 422 (a 400 on /v1) before any route, not Postgres's DataError.
+    app.add_middleware(NulRefusal)
     # Per app, not the process-global registry: tests build many apps in one process.
     app.state.metrics_registry, latency = build_registry()
     # Recent reads requests share (api.read_cache), per app like the registry: GET /jobs/{id}'s
     # answers by job id, and owners by the SHA-256 of their API key.
     app.state.job_cache = ReadCache[uuid.UUID, JobAnswer]()
     app.state.key_cache = ReadCache[str, str]()
-    app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s too
+    # 503 + Retry-After once the server stops (`tuneq serve` begins it on SIGTERM), and for what
+    # the stop's grace cuts off, rather than a dropped connection.
+    app.state.server_stop = ServerStop()
+    app.add_middleware(UnavailableWhileStopping, stop=app.state.server_stop)
+    app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s and 503s too
     # The job routes first: a request is matched against the routers in this order, and polls
     # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).
     app.include_router(jobs.router)

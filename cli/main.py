@@ -28,7 +28,6 @@ app = typer.Typer(help="tuneq: fine-tune language models with DeepSpeed, as jobs
 logger = logging.getLogger("tuneq")
 
 STOP_TIMEOUT_SECONDS = 30.0
-API_STOP_GRACE_SECONDS = 10  # then open requests are cancelled and the plan child stopped
 
 
 def _configure_logging() -> None:
@@ -115,16 +114,21 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     _resolve_auth(host)
     _prepare_database()
     _check_artifact_store()
+    from api.main import app as api
+    from api.server_stop import StoppingServer
+
     # On SIGTERM uvicorn waits for open requests; a plan in flight (minutes) or a client that
-    # keeps a stream open must not hold the server past its stop grace.
-    uvicorn.run(
-        "api.main:app",
+    # keeps a stream open must not hold the server past its stop grace. What the grace cuts off,
+    # and what arrives once the stop began, is answered 503 with Retry-After (api.server_stop).
+    config = uvicorn.Config(
+        api,
         host=host,
         port=port,
         log_level="info",
         access_log=False,
-        timeout_graceful_shutdown=API_STOP_GRACE_SECONDS,
+        timeout_graceful_shutdown=get_settings().api_stop_grace_seconds,
     )
+    StoppingServer(config, stop=api.state.server_stop).run()
 
 
 @app.command()

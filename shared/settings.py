@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     lease_ttl_seconds: float = 60.0
     # After SIGTERM to a cancelled job's ranks, how long rank 0 may take to finish its step.
     cancel_grace_seconds: float = 30.0
+    # On SIGTERM, how long `tuneq serve` lets the requests in flight finish (a plan may take
+    # minutes); those still running then are answered 503 with Retry-After. Keep it under the
+    # time the process manager waits before SIGKILL (Docker's stop grace, Kubernetes'
+    # terminationGracePeriodSeconds), less a few seconds for the plan child to be stopped.
+    api_stop_grace_seconds: int = Field(default=10, ge=0)
     # How often each worker's reconciler looks for lost jobs and unpublished queued ones.
     reconcile_seconds: float = 10.0
     # A queued job nobody claimed for this long is published again (the broker may have lost it).

@@ -121,7 +121,9 @@ def _methods_at(routes: Sequence[BaseRoute], request: Request) -> list[str]:
 _PLACES = {"query": "query parameter", "path": "path parameter", "header": "header", "body": "field"}
 
 
-async def _validation_error(request: Request, exc: Exception) -> Response:
+async def validation_error_response(request: Request, exc: Exception) -> Response:
+    """A validation error as the request's path answers one (the app's handler; also
+    ``api.nul_refusal``'s answer, made before any route runs)."""
     assert isinstance(exc, RequestValidationError)
     if not is_openai_path(request.url.path):
         return await request_validation_exception_handler(request, exc)
@@ -140,5 +142,5 @@ def install_error_handlers(app: FastAPI, *, openai_routers: Sequence[APIRouter])
     ``openai_routers``: the routers of ``/v1``, whose methods a 405's ``Allow`` lists."""
     routes = [route for router in openai_routers for route in router.routes]
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(routes))
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RequestValidationError, validation_error_response)
     app.add_exception_handler(OpenAIRequestError, _request_error)

@@ -235,28 +235,44 @@ def test_dev_stopped_at_any_point_of_its_start_up_leaves_no_process(tmp_path: Pa
     service.client.close()
 
 
-def test_serve_stopped_with_a_plan_in_flight_leaves_no_process(tmp_path: Path, data: Path) -> None:
-    """The plan's spawned child and multiprocessing's resource tracker used to outlive the API."""
-    service = Tuneq(home=tmp_path / "home", split=True).start(workers=0)
+def test_serve_stopped_with_a_plan_in_flight_answers_it_503_and_leaves_no_process(tmp_path: Path, data: Path) -> None:
+    """A plan still running when the stop's grace ends used to get no answer at all (the client saw
+    its connection closed: a protocol error), and its spawned child and multiprocessing's resource
+    tracker used to outlive the API. A grace of 1 s, and a dataset of 100 000 records whose
+    tokenizing alone takes longer, keep the plan in flight past it (and the test short)."""
+    write_text_dataset(data / "large.jsonl", records=100_000)
+    service = Tuneq(home=tmp_path / "home", split=True, env={"TUNEQ_API_STOP_GRACE_SECONDS": "1"}).start(workers=0)
     plan_body = {
         "model": str(data / "tiny-gpt-neo"),
-        "dataset": str(data / "varied.jsonl"),
+        "dataset": str(data / "large.jsonl"),
         "deepspeed_config": seed_config(fp16=False),
     }
+    answers: list[httpx.Response | httpx.HTTPError] = []
 
     def plan() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # the server stops under it
-            service.client.post("/jobs/plan", json=plan_body)
+        try:
+            answers.append(service.client.post("/jobs/plan", json=plan_body, timeout=120))
+        except httpx.HTTPError as e:
+            answers.append(e)
 
-    threading.Thread(target=plan, daemon=True).start()
+    client = threading.Thread(target=plan)
+    client.start()
     deadline = time.monotonic() + 60
     tree: list[psutil.Process] = []
-    while not any("multiprocessing" in " ".join(p.cmdline()) for p in tree):
+    while not any("multiprocessing" in " ".join(p.cmdline()) for p in tree):  # the plan's child: in flight
         assert time.monotonic() < deadline, service.log_tail()
         tree = service.descendants()
         time.sleep(0.05)
     serve = service.processes[0]
     serve.send_signal(signal.SIGTERM)  # as systemd or `docker stop` would: the main process only
     serve.wait(timeout=30)
+    client.join(timeout=30)
+    [answer] = answers
+    assert isinstance(answer, httpx.Response), f"{answer!r}\n{service.log_tail()}"
+    # A 200 would be the plan finished within the grace after all: an answer too.
+    assert answer.status_code in (200, 503), answer.text
+    if answer.status_code == 503:
+        assert answer.headers["Retry-After"] == "5" and "stopping" in answer.json()["detail"]
     left = wait_gone(tree, timeout=10)
     assert left == [], [" ".join(p.cmdline()) for p in left]
+    service.client.close()
