@@ -1161,10 +1161,13 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
 
 
 def attempts_text(job: dict[str, Any]) -> str:
-    """Attempts, the paused ones among them (they are not restarts), and the restarts allowed."""
-    pauses = int(job.get("pauses") or 0)  # a server without pause sends none
+    """Attempts, the paused and handed-back ones among them (they are not restarts), and the
+    restarts allowed."""
+    pauses = int(job.get("pauses") or 0)  # an older server sends neither count
+    handbacks = int(job.get("handbacks") or 0)
     paused = f", {pauses} paused" if pauses else ""
-    return f"{job.get('attempts', 0)}{paused} (max restarts {job.get('max_restarts')})"
+    handed = f", {handbacks} handed back by a stopping worker" if handbacks else ""
+    return f"{job.get('attempts', 0)}{paused}{handed} (max restarts {job.get('max_restarts')})"
 
 
 def show(

@@ -192,8 +192,29 @@ class ArtifactPublisher:
         marker.touch()
         if self.keep_checkpoints is not None and first_node:
             self._apply_retention(self.keep_checkpoints)
-        if self.store.local_path(job_key(self.job_id, path_in_job)) != directory.resolve():
+        if self._store_is_elsewhere():
             self._prune_local_copies(before=event.step)
+
+    def _store_is_elsewhere(self) -> bool:
+        """The store is not this host's run directory itself (S3, or another directory): the
+        local checkpoints are copies."""
+        here = self.store.local_path(job_key(self.job_id, ""))
+        return here is None or here.resolve() != self.layout.root.resolve()
+
+    def drop_local_copies(self) -> list[int]:
+        """Once the attempt is over on a full disk: remove this host's copies of the published
+        checkpoints, where the store holds them elsewhere (the job resumes from the store, on
+        any worker). The steps removed."""
+        if not self._store_is_elsewhere():
+            return []
+        dropped = [
+            step
+            for step, directory in self.layout.local_checkpoints().items()
+            if self.layout.published_marker(directory.name).exists()
+        ]
+        for step in dropped:
+            self.layout.remove_local_checkpoint(step)
+        return dropped
 
     def _apply_retention(self, keep: int) -> None:
         """Un-commit the checkpoints ``training.keep_checkpoints`` lets go, then delete their

@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from shared.artifacts.store import ArtifactIntegrityError, ArtifactStore, ArtifactStoreError
@@ -51,7 +50,7 @@ from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.jobs.status import ErrorCode, JobStatus
 from shared.settings import Settings
 from worker.checkpoint_fetch import drop_local_checkpoints_after, fetch_checkpoint
-from worker.disk_space import disk_problem
+from worker.disk_space import disk_problem, full_disk_failure, note_full_disk
 from worker.ingest import EventIngestor
 from worker.job_inputs import DownloadProgress, InputProblem, local_dataset
 from worker.launcher import ONE_NODE, Launcher, NodePlacement, RankGroup
@@ -76,11 +75,11 @@ OOM_ADVICE = (
 
 
 class WorkerStopping(Exception):
-    """The worker process was asked to stop while a job ran."""
-
-
-def _raise_stopping(signum: int, _frame: FrameType | None) -> None:
-    raise WorkerStopping(signal.Signals(signum).name)
+    """The worker process was asked to stop while a job ran: raised at the attempt's own check
+    points (``LeaseKeeper.check_stop``), never from the signal handler, which only notes the
+    stop. An exception raised in a handler lands wherever the process happens to be: inside a
+    database driver's I/O, it left the connection mid-query, and the attempt failed on that
+    instead of handing the job back."""
 
 
 # How a rank's exit reaches the job log: the warm start's line, or DeepSpeed's launch.py's
@@ -127,19 +126,13 @@ def killed_rank(log_text: str, *, killed_by_tuneq: frozenset[int] = frozenset())
     return first
 
 
-# A write that ran out of disk: the OS's ENOSPC says so; torch.save says only "file write
-# failed", which counts when the worker's own check finds the disk full.
-_NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]")
-_WRITE_FAILED = re.compile(r"file write failed", re.IGNORECASE)
-
-
-def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -> str | None:
+def host_failure(*, killed: KilledRank | None, full_disk: str | None) -> str | None:
     """Why an attempt failed for reasons of its host rather than of the job, or None.
 
     A rank SIGKILLed while tuneq sent no kill (this path is not a cancel, a timeout or a stop)
     was killed by the kernel: on a training host, its out-of-memory killer. A write that found
-    the disk full (``message``, the ranks' failure; ``disk``, this worker's check now) is the
-    disk's fault too. Either way the job deserves another host, not a failure."""
+    the disk full (``full_disk``: worker.disk_space.full_disk_failure) is the disk's fault too.
+    Either way the job deserves another host, not a failure."""
     if killed is not None and killed.signal == signal.SIGKILL:
         return (
             f"{killed.describe()}, which tuneq did not send: the host most likely ran out of memory "
@@ -147,25 +140,31 @@ def host_failure(*, killed: KilledRank | None, message: str, disk: str | None) -
             "newest checkpoint; if it fails this way again, give it more host memory or offload less "
             "to the CPU (zero_optimization.offload_optimizer / offload_param)"
         )
-    if _NO_SPACE.search(message) or (disk is not None and _WRITE_FAILED.search(message)):
+    if full_disk is not None:
         return (
-            f"the worker's disk filled up while the job wrote to it ({disk or 'No space left on device'}); "
-            "its half-written checkpoint was removed, and the job is retried from its newest checkpoint "
+            f"the worker's disk filled up while the job wrote to it ({full_disk}); "
+            "what it was writing was removed, and the job is retried from its newest checkpoint "
             "on a worker with room"
         )
     return None
+
+
+def rank_errors(layout: RunLayout) -> list[RankError]:
+    """The errors the attempt's failed ranks wrote (one file each)."""
+    errors = []
+    for path in sorted(layout.errors_dir.glob("rank-*.json")):
+        try:
+            errors.append(RankError.model_validate_json(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return errors
 
 
 def failure_from_ranks(layout: RunLayout, *, killed: KilledRank | None = None) -> tuple[ErrorCode, str]:
     """Why the ranks failed: a rank a signal ended (``killed``: its peers' errors, a broken
     connection, are only the consequence), else the first rank error by time, else the last
     exception-looking line of the log."""
-    errors = []
-    for path in sorted(layout.errors_dir.glob("rank-*.json")):
-        try:
-            errors.append(RankError.model_validate_json(path.read_text(encoding="utf-8")))
-        except ValueError:
-            continue
+    errors = rank_errors(layout)
     if killed is not None:
         code, message = ErrorCode.training_error, f"{killed.describe()} (full log: {layout.log})"
     elif errors:
@@ -211,11 +210,26 @@ class LeaseKeeper:
     the job's; a node whose gang was released has lost the job."""
 
     def __init__(
-        self, *, job_id: uuid.UUID, worker_id: str, attempt: int, settings: Settings, node_rank: int | None = None
+        self,
+        *,
+        job_id: uuid.UUID,
+        worker_id: str,
+        attempt: int,
+        settings: Settings,
+        node_rank: int | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.job_id, self.worker_id, self.attempt, self.node_rank = job_id, worker_id, attempt, node_rank
         self.ttl = settings.lease_ttl_seconds
         self.last_renewal = time.monotonic()
+        # Set by the SIGTERM handler (_run_attempt); only read here, at the attempt's check points.
+        self.stopping = stopping if stopping is not None else threading.Event()
+
+    def check_stop(self) -> None:
+        """Raise WorkerStopping if the worker was asked to stop: called between the attempt's
+        steps (each poll, each keep-alive), where no I/O is halfway done."""
+        if self.stopping.is_set():
+            raise WorkerStopping(signal.SIGTERM.name)
 
     @property
     def first_node(self) -> bool:
@@ -248,7 +262,8 @@ class LeaseKeeper:
         """Keep the attempt while its worker finishes it after the ranks are gone (the final
         uploads, a gang's decision): they can outlast the lease, and the reconciler would then
         requeue a job that is about to end, with the wrong reason. A database blip is left to
-        the outcome's own retries."""
+        the outcome's own retries. A stop of the worker ends the wait (WorkerStopping)."""
+        self.check_stop()
         try:
             with session_scope() as session:
                 self.status(session)
@@ -333,7 +348,9 @@ def take_over(
 
 def _keep_alive(lease: LeaseKeeper) -> None:
     """Renew the lease (or read the status); AttemptEnded once lost or cancelled, or paused
-    (decided by node 0's worker: the other nodes of a gang see it as a lost job once it is)."""
+    (decided by node 0's worker: the other nodes of a gang see it as a lost job once it is);
+    WorkerStopping once the worker was asked to stop."""
+    lease.check_stop()
     with session_scope() as session:
         status = lease.status(session)
     if status is None or status == JobStatus.cancelling or (status == JobStatus.pausing and lease.first_node):
@@ -532,15 +549,22 @@ def _run_attempt(
         if problem:
             finish_job(session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=problem)
             return
-    previous = signal.signal(signal.SIGTERM, _raise_stopping)
+    # A SIGTERM is only noted (the handler sets ``stopping``; nothing in this process waits on
+    # that event, so setting it from a handler cannot block): the attempt acts on it at its
+    # own check points, and hands the job back.
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
     try:
         node_rank = placement.node_rank if placement.num_nodes > 1 else None
         lease = LeaseKeeper(
-            job_id=job.id, worker_id=worker_id, attempt=job.attempts, settings=settings, node_rank=node_rank
+            job_id=job.id,
+            worker_id=worker_id,
+            attempt=job.attempts,
+            settings=settings,
+            node_rank=node_rank,
+            stopping=stopping,
         )
         try:
-            if stopping.is_set():  # the SIGTERM came before the handler above: it was only noted
-                raise WorkerStopping(signal.SIGTERM.name)
+            lease.check_stop()  # a SIGTERM that came before the handler above was noted all the same
             datasets = fetch_inputs(job, settings=settings, lease=lease)
             attempt = prepare_attempt(
                 job,
@@ -574,7 +598,7 @@ def _run_attempt(
             _finish(job.id, JobStatus.failed, ErrorCode.artifact_store_unavailable, str(e))
             return
         except WorkerStopping:
-            _release(job.id, job.attempts, reason="the worker running this job was stopped")
+            _hand_back(job.id, job.attempts)
             raise SystemExit(0) from None
         except Exception as e:
             if isinstance(e, OSError) and e.errno == errno.ENOSPC:
@@ -613,9 +637,11 @@ class DatabaseOutage:
 
     def failed(self, error: Exception) -> bool:
         """Note a poll that failed on an unreachable database and wait before the next; False
-        once the lease has run out. Any other error is raised again: it is no outage."""
+        once the lease has run out. Any other error is raised again: it is no outage. A stop of
+        the worker ends the wait (WorkerStopping)."""
         if not is_transient_database_error(error):
             raise error
+        self.lease.check_stop()
         now = time.monotonic()
         if self.since is None:
             self.since = now
@@ -680,10 +706,12 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         ranks = range(first_rank, first_rank + attempt.spec.num_gpus)
         log_start = layout.log.stat().st_size if layout.log.exists() else 0  # where this attempt's lines begin
         ending: Ending | None = None
+        full_disk: str | None = None  # the ranks failed for want of disk (worker.disk_space)
         pause_requested = False
         # One session per poll: a pooled connection a database restart killed is replaced at
         # the next checkout (pool_pre_ping) instead of failing every poll after it.
         while ending is None and process.poll() is None:
+            lease.check_stop()
             try:
                 with session_scope() as session:
                     ingestor.poll(session)
@@ -737,13 +765,21 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 break
             time.sleep(POLL_SECONDS)
         if ending is None:
+            # Ranks that exited as the worker was asked to stop (a SIGTERM to a whole container
+            # reaches them as well) ended because of the stop, not of the job.
+            lease.check_stop()
             if process.returncode == 0:
                 ending = _clean_exit(attempt)
             else:
-                killed = killed_rank(read_from(layout.log, log_start), killed_by_tuneq=process.killed_pids)
+                log_text = read_from(layout.log, log_start)
+                killed = killed_rank(log_text, killed_by_tuneq=process.killed_pids)
                 code, message = failure_from_ranks(layout, killed=killed)
-                disk = disk_problem(settings)  # before the cleanup below frees what the save took
-                if (host_problem := host_failure(killed=killed, message=message, disk=disk)) is not None:
+                full_disk = full_disk_failure(  # before the cleanup below frees what the save took
+                    settings,
+                    evidence=[log_text, *(e.message for e in rank_errors(layout))],
+                    unfinished_save=bool(layout.incomplete_saves()),
+                )
+                if (host_problem := host_failure(killed=killed, full_disk=full_disk)) is not None:
                     ending = Ending(JobStatus.queued, ErrorCode.host_error, host_problem)
                     logger.warning("job %s attempt %d: %s", job_id, attempt.number, host_problem)
                 elif attempt.node is not None and code != ErrorCode.invalid_input:
@@ -758,12 +794,18 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
         for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
             logger.info("job %s: removed %s, a save that never finished", job_id, removed)
         _record_outcome(attempt, ingestor, publisher, ending, outage, lease=lease, settings=settings)
+        if full_disk is not None:
+            if dropped := publisher.drop_local_copies():
+                logger.info(
+                    "job %s: removed this host's copies of its checkpoints %s, held by the store", job_id, dropped
+                )
+            note_full_disk(settings, job_id=str(job_id))
     except WorkerStopping:
-        logger.warning("job %s: worker stopping; stopping its ranks and releasing the job", job_id)
+        logger.warning("job %s: worker stopping; stopping its ranks and handing the job back", job_id)
         publisher.abandon()
         if process is not None:
             process.stop(grace_seconds=STOP_GRACE_SECONDS)
-        _release(attempt.job_id, attempt.number, reason="the worker running this job was stopped")
+        _hand_back(attempt.job_id, attempt.number, node_rank=attempt.placement.node_rank if attempt.node else None)
         raise SystemExit(0) from None
     except Exception:
         logger.exception("job %s: the worker failed while running it", job_id)
@@ -1002,6 +1044,7 @@ def _release(
     reason: str,
     code: ErrorCode = ErrorCode.worker_lost,
     node_rank: int | None = None,
+    handed_back: bool = False,
 ) -> None:
     """The attempt ends without an outcome of its own: requeue the job (or fail it, out of
     restarts); for a multi-node job, on every node (``node_rank``: the node that failed)."""
@@ -1009,4 +1052,13 @@ def _release(
         job = session.get(Job, job_id, populate_existing=True)
         if job is None or job.attempts != number or job.status not in ACTIVE:
             return
-        release_attempt(session=session, job=job, reason=reason, code=code, failed_node=node_rank)
+        release_attempt(
+            session=session, job=job, reason=reason, code=code, failed_node=node_rank, handed_back=handed_back
+        )
+
+
+def _hand_back(job_id: uuid.UUID, number: int, *, node_rank: int | None = None) -> None:
+    """The worker was asked to stop (a deploy, a scale-down): the job goes back to the queue
+    and resumes from its newest checkpoint, and the attempt is not counted against its
+    max_restarts (the job did nothing to end it)."""
+    _release(job_id, number, reason="the worker running this job was stopped", node_rank=node_rank, handed_back=True)

@@ -334,6 +334,7 @@ def release_gang(
     reason: str,
     code: ErrorCode = ErrorCode.worker_lost,
     failed_node: int | None = None,
+    handed_back: bool = False,
 ) -> JobStatus | None:
     """End an attempt of a multi-node job early, on every node: the nodes still open become
     ``released`` (their workers stop their ranks at the next renewal), the workers are free
@@ -357,7 +358,7 @@ def release_gang(
             .values(error_message=reason[:2000])
         )
     session.execute(update(Worker).where(col(Worker.gang_job_id) == job.id).values(gang_job_id=None))
-    return release_job(session=session, job=job, reason=reason, code=code)
+    return release_job(session=session, job=job, reason=reason, code=code, handed_back=handed_back)
 
 
 def release_attempt(
@@ -367,12 +368,16 @@ def release_attempt(
     reason: str,
     code: ErrorCode = ErrorCode.worker_lost,
     failed_node: int | None = None,
+    handed_back: bool = False,
 ) -> JobStatus | None:
     """End a job's attempt without an outcome of its own: a multi-node job's on every node
-    (``release_gang``), a one-node job's as ``release_job`` does."""
+    (``release_gang``), a one-node job's as ``release_job`` does (``handed_back``: by a worker
+    asked to stop)."""
     if job.num_nodes > 1:
-        return release_gang(session=session, job=job, reason=reason, code=code, failed_node=failed_node)
-    return release_job(session=session, job=job, reason=reason, code=code)
+        return release_gang(
+            session=session, job=job, reason=reason, code=code, failed_node=failed_node, handed_back=handed_back
+        )
+    return release_job(session=session, job=job, reason=reason, code=code, handed_back=handed_back)
 
 
 def lost_nodes(*, session: Session, now: datetime) -> list[tuple[Job, JobNode]]:

@@ -259,16 +259,23 @@ def finish_pause(
 
 
 def release_job(
-    *, session: Session, job: Job, reason: str, code: ErrorCode = ErrorCode.worker_lost
+    *,
+    session: Session,
+    job: Job,
+    reason: str,
+    code: ErrorCode = ErrorCode.worker_lost,
+    handed_back: bool = False,
 ) -> JobStatus | None:
     """An attempt ended without an outcome (its worker was lost or stopped, or its host failed
     it: ``code`` host_error).
 
     A cancelling job becomes cancelled (never restarted); otherwise it is requeued (a pausing
     one paused: it was to stop anyway, and resumes from its newest checkpoint) while its
-    attempts other than pauses are at most ``max_restarts``, else it fails with ``code`` and
-    ``reason``. The UPDATE matches the attempt seen, so two reconcilers never both act.
-    Returns the new status, or None.
+    attempts other than pauses and hand-backs are at most ``max_restarts``, else it fails with
+    ``code`` and ``reason``. ``handed_back``: its worker was asked to stop and gave the attempt
+    back; that is no failure of the job, so it is requeued whatever its restarts, and the
+    attempt is counted in ``handbacks``. The UPDATE matches the attempt seen, so two
+    reconcilers never both act. Returns the new status, or None.
     """
     if job.status not in ACTIVE:
         return None
@@ -278,18 +285,21 @@ def release_job(
         col(Job.attempts) == job.attempts,
     ]
     values: dict[str, Any]
-    restarts = job.attempts - job.pauses
+    restarts = job.attempts - job.pauses - job.handbacks
     if job.status == JobStatus.cancelling:
         target, values = JobStatus.cancelled, {"error_code": ErrorCode.cancelled, "error_message": "cancelled"}
-    elif restarts <= job.max_restarts:
+    elif handed_back or restarts <= job.max_restarts:
         target = JobStatus.paused if job.status == JobStatus.pausing else JobStatus.queued
         values = {"worker_id": None, "enqueued_at": None}
+        if handed_back:
+            values["handbacks"] = col(Job.handbacks) + 1
     else:
         target = JobStatus.failed
         values = {
             "error_code": code,
             "error_message": f"{reason}; gave up after {job.attempts} attempts"
             + (f" ({job.pauses} of them paused)" if job.pauses else "")
+            + (f" ({job.handbacks} of them handed back by a stopping worker)" if job.handbacks else "")
             + f" (max_restarts {job.max_restarts})",
         }
     if target.is_terminal:

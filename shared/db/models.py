@@ -83,6 +83,9 @@ class Job(SQLModel, table=True):
     attempts: int = 0
     # Attempts that ended in a pause: counted in attempts, never against max_restarts.
     pauses: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # Attempts handed back by a worker that was asked to stop (a deploy, a scale-down): counted
+    # in attempts, never against max_restarts, since the job did nothing to end them.
+    handbacks: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     max_restarts: int = 2
     # How far the worker has ingested the current attempt's events file and the training log,
     # committed with the rows they produced: a resumed attempt picks up exactly there.
@@ -380,6 +383,7 @@ class JobPublic(SQLModel):
     error: JobError | None
     attempts: int
     pauses: int  # attempts that ended in a pause (not restarts: max_restarts counts the others)
+    handbacks: int  # attempts a stopping worker handed back (not restarts either)
     max_restarts: int
 
     @classmethod

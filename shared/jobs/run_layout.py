@@ -103,14 +103,17 @@ class RunLayout:
         shutil.rmtree(self.checkpoints_dir / tag, ignore_errors=True)
         self.published_marker(tag).unlink(missing_ok=True)
 
-    def remove_incomplete_saves(self) -> list[Path]:
-        """Delete what saves that never finished left (a full disk, a killed rank): checkpoint
-        directories without a manifest and half-written exports (``*.partial``). Nothing reads
-        them, and on a full disk they hold the space the next job needs. Only for the worker
-        that owns the job, once its ranks are gone."""
+    def incomplete_saves(self) -> list[Path]:
+        """What saves that never finished left (a full disk, a killed rank): checkpoint
+        directories without a manifest and half-written exports (``*.partial``)."""
         manifest = CheckpointManifest.FILENAME
         incomplete = [d for d in self.local_checkpoints().values() if not (d / manifest).exists()]
-        incomplete += [d for d in self.root.glob("*.partial") if d.is_dir()]
+        return incomplete + [d for d in self.root.glob("*.partial") if d.is_dir()]
+
+    def remove_incomplete_saves(self) -> list[Path]:
+        """Delete ``incomplete_saves``: nothing reads them, and on a full disk they hold the
+        space the next job needs. Only for the worker that owns the job, once its ranks are gone."""
+        incomplete = self.incomplete_saves()
         for directory in incomplete:
             shutil.rmtree(directory, ignore_errors=True)
         return incomplete

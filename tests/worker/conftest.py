@@ -1,9 +1,12 @@
-"""Fixtures of the worker's tests: DeepSpeed's ops as a killed loader leaves them."""
+"""Fixtures of the worker's tests: DeepSpeed's ops as a killed loader leaves them, a warm
+launcher, and a job run as Celery's pool process runs it."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +14,13 @@ from typing import NamedTuple
 
 import pytest
 
+from shared.db.models import Job
 from shared.jobs.hardware import Hardware
+from shared.settings import get_settings
 from worker import launcher
 from worker.deepspeed_ops import OPS
+from worker.launcher import Launcher
+from worker.runner import run_job
 
 
 def abandon_lock(path: Path) -> Path:
@@ -45,3 +52,28 @@ def ops_left_locked() -> Iterator[LockedOps]:
         yield LockedOps(copy, locks)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.fixture
+def warm_launcher() -> Iterator[Launcher]:
+    hardware = Hardware("cpu", 1)
+    """A launcher with a warm start, as a worker's pool process has (worker/tasks.py)."""
+    launcher.build_ops(hardware)  # built by `make install`: seconds, never a compile in a step
+    ranks_launcher = Launcher(hardware=hardware, settings=get_settings())
+    yield ranks_launcher
+    ranks_launcher.close()
+
+
+def run_as_a_pool_process(job: Job, launcher: Launcher) -> bool:
+    """``run_job`` as Celery's pool process runs it (worker/tasks.py notes a SIGTERM that comes
+    before the runner handles it); True when the attempt was handed back and the process exits."""
+    stopping = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
+    try:
+        run_job(job.id, settings=get_settings(), launcher=launcher, worker_id="w", stopping=stopping)
+    except SystemExit as exited:
+        assert exited.code == 0
+        return True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return False

@@ -93,6 +93,28 @@ def test_checkpoints_are_committed_with_their_files_and_retention_deletes_the_ol
     assert sorted(p.name for p in layout.checkpoints_dir.glob("step-*")) == ["step-00000020"]
 
 
+@pytest.mark.parametrize("store_is_the_run_directory", [False, True], ids=["remote-store", "local-store"])
+def test_after_a_full_disk_only_copies_the_store_holds_elsewhere_are_dropped(
+    database_url: str, tmp_path: Path, store_is_the_run_directory: bool
+) -> None:
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = new_job(session)
+    runs = tmp_path / "runs"
+    layout = RunLayout(runs / str(job.id))
+    store = ArtifactStore(str(runs if store_is_the_run_directory else tmp_path / "store"))
+    publisher = ArtifactPublisher(job_id=job.id, layout=layout, store=store, deadline_seconds=5, keep_checkpoints=None)
+    publisher.submit(saved(layout, 10))
+    assert publisher.finish(log=None) is None
+    unpublished = saved(layout, 20)  # complete on disk, never published: the store lacks it
+    if store_is_the_run_directory:
+        assert publisher.drop_local_copies() == []  # the files are the store's own
+        assert sorted(layout.local_checkpoints()) == [10, 20]
+    else:
+        assert publisher.drop_local_copies() == [10]
+        assert sorted(layout.local_checkpoints()) == [20] and Path(unpublished.uri).is_dir()
+        assert (tmp_path / "store" / str(job.id) / "checkpoints" / "step-00000010" / "model_states.pt").exists()
+
+
 def test_a_checkpoint_whose_upload_never_finished_is_never_listed(database_url: str, tmp_path: Path) -> None:
     store = FlakyStore(tmp_path / "store", works=1)  # the store goes away after the first file
     with Session(get_engine(), expire_on_commit=False) as session:

@@ -16,7 +16,8 @@ from shared.db.models import CheckpointKind, Job, JobMetric, utcnow
 from shared.jobs.hardware import Hardware, hardware_problems
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.status import JobStatus
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
+from worker.disk_space import full_disk_failure
 from worker.launcher import (
     Launcher,
     NodePlacement,
@@ -116,7 +117,7 @@ LAUNCHER_EXIT = (
 def test_a_rank_the_kernel_killed_is_a_host_failure_naming_the_signal(tmp_path: Path, log: str) -> None:
     killed = killed_rank(log)
     assert killed is not None and killed.rank == 1 and killed.signal.name == "SIGKILL"
-    reason = host_failure(killed=killed, message="RuntimeError: Connection closed by peer", disk=None) or ""
+    reason = host_failure(killed=killed, full_disk=None) or ""
     assert "rank 1 was killed by SIGKILL (signal 9)" in reason and "ran out of memory" in reason
     # The other ranks' errors (a peer closed the connection) do not hide it either way.
     layout = RunLayout(tmp_path)
@@ -129,7 +130,7 @@ def test_other_rank_exits_are_not_host_failures() -> None:
     segfault = killed_rank("tuneq warm start: rank 0 (pid 7) exited with status -11\n")
     assert segfault is not None and segfault.describe() == "rank 0 was killed by SIGSEGV (signal 11)"
     # A crash in the job's code or a library is the job's failure.
-    assert host_failure(killed=segfault, message="rank 0 was killed by SIGSEGV", disk=None) is None
+    assert host_failure(killed=segfault, full_disk=None) is None
     stopped_after_a_failure = "rank 0 (pid 7) exited with status 1\nrank 1 (pid 8) exited with status -9\n"
     assert killed_rank(stopped_after_a_failure, killed_by_tuneq=frozenset({8})) is None  # tuneq's own SIGKILL
     # A rank the kernel killed is the cause even when its peer, failing on the broken
@@ -342,16 +343,54 @@ def test_the_spec_runs_the_sanitised_config_under_the_run_directory(database_url
     assert attempt.spec.resume_from is None and attempt.number == 1
 
 
-def test_a_write_that_found_the_disk_full_is_a_host_failure() -> None:
-    enospc = "OSError: [Errno 28] No space left on device: '/runs/x/checkpoints/step-00000040/mp_rank_00.pt'"
-    reason = host_failure(killed=None, message=enospc, disk=None) or ""
-    assert "disk filled up" in reason and "No space left on device" in reason
-    # torch.save's words for it say nothing of the disk: the worker's own check does.
-    torch_save = "RuntimeError: PytorchStreamWriter failed writing file data/3: file write failed"
-    full = "the disk holding TUNEQ_HOME (/h) has 12 MB free, under TUNEQ_MIN_FREE_DISK_MB (2048)"
-    assert full in (host_failure(killed=None, message=torch_save, disk=full) or "")
-    assert host_failure(killed=None, message=torch_save, disk=None) is None
-    assert host_failure(killed=None, message="ValueError: bad config", disk=full) is None
+# How ranks that ran out of disk were seen to fail: torch.save's zip writer, DeepSpeed's C++
+# streams, and the peer of the rank that hit the disk first (that rank died without a word: its
+# error file and its log lines are writes too).
+TORCH_SAVE = "RuntimeError: [enforce fail at inline_container.cc:664] . unexpected pos 3200 vs 3094"
+IOSTREAM = "RuntimeError: basic_ios::clear: iostream error"
+GLOO_PEER = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:41"
+)
+
+
+def disk_settings(tmp_path: Path, *, min_free_mb: int) -> Settings:
+    return Settings(home=tmp_path, min_free_disk_mb=min_free_mb)
+
+
+@pytest.mark.parametrize(
+    ("error", "unfinished_save"),
+    [(TORCH_SAVE, False), (IOSTREAM, False), (GLOO_PEER, True)],
+    ids=["torch-save", "iostream", "gloo-peer"],
+)
+def test_ranks_that_ran_out_of_disk_are_a_host_failure_naming_the_disk(
+    tmp_path: Path, error: str, unfinished_save: bool
+) -> None:
+    full = disk_settings(tmp_path, min_free_mb=10**9)  # more than any disk has: it is "full"
+    reason = host_failure(
+        killed=None, full_disk=full_disk_failure(full, evidence=[error], unfinished_save=unfinished_save)
+    )
+    assert (
+        reason is not None
+        and "disk filled up" in reason
+        and "TUNEQ_MIN_FREE_DISK_MB" in reason
+        and str(tmp_path) in reason
+    )
+    # The same words on a disk with room are the job's own failure.
+    roomy = disk_settings(tmp_path, min_free_mb=0)
+    assert full_disk_failure(roomy, evidence=[error], unfinished_save=unfinished_save) is None
+
+
+def test_the_oss_word_for_a_full_disk_anywhere_is_a_host_failure(tmp_path: Path) -> None:
+    log = "step 40\nOSError: [Errno 28] No space left on device: '/runs/x/checkpoints/step-00000040/mp_rank_00.pt'\n"
+    roomy = disk_settings(tmp_path, min_free_mb=0)  # freed again since, by the half-written save's removal
+    assert "No space left on device" in (
+        full_disk_failure(roomy, evidence=[GLOO_PEER, log], unfinished_save=False) or ""
+    )
+
+
+def test_a_failure_that_wrote_nothing_is_the_jobs_even_on_a_full_disk(tmp_path: Path) -> None:
+    full = disk_settings(tmp_path, min_free_mb=10**9)
+    assert full_disk_failure(full, evidence=["ValueError: bad config"], unfinished_save=False) is None
 
 
 def test_the_disk_check_follows_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -229,6 +229,26 @@ def test_a_pause_is_not_a_restart_and_a_lost_pausing_job_is_paused(database_url:
     assert statuses(lost_while_pausing) == ["running", "pausing", "paused"]
 
 
+def test_a_hand_back_by_a_stopping_worker_is_never_a_restart(database_url: str) -> None:
+    """Deploys during a long run: each stop hands the job back, requeued whatever its
+    max_restarts, and counted in handbacks; a later lost attempt is judged on the others."""
+    job = new_job(max_restarts=0)
+    with session() as s:
+        for worker in ("w1", "w2", "w3"):
+            running = claim_job(session=s, job_id=job.id, worker_id=worker, lease_ttl=60)
+            assert running is not None
+            assert release_job(session=s, job=running, reason="stopped", handed_back=True) == JobStatus.queued
+        back = s.get(Job, job.id, populate_existing=True)
+        assert back is not None and (back.attempts, back.handbacks, back.worker_id) == (3, 3, None)
+        # Attempt 4 is lost: its first restart, past max_restarts 0, counting no hand-back.
+        claim_job(session=s, job_id=job.id, worker_id="w4", lease_ttl=-1)
+        (lost,) = expired_leases(session=s, now=utcnow())
+        assert release_job(session=s, job=lost, reason="lost") == JobStatus.failed
+        failed = s.get(Job, job.id, populate_existing=True)
+    assert failed is not None
+    assert "gave up after 4 attempts (3 of them handed back by a stopping worker)" in (failed.error_message or "")
+
+
 def test_unpublished_jobs_are_those_an_idle_worker_would_have_taken(database_url: str) -> None:
     never, published = new_job(), new_job()
     soon = utcnow() + timedelta(seconds=1)
