@@ -64,6 +64,28 @@ def warm_launcher() -> Iterator[Launcher]:
     ranks_launcher.close()
 
 
+def queued_training_job(model: Path, dataset: Path, training: dict[str, object], **fields: object) -> Job:
+    """A queued job that trains ``model`` on ``dataset`` (a row as a submit makes it, for the
+    runner to claim)."""
+    from sqlmodel import Session
+
+    from cli.samples import seed_config
+    from shared.db.engine import get_engine
+
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(
+            model=str(model),
+            dataset=str(dataset),
+            deepspeed_config=seed_config(fp16=False),
+            num_gpus=1,
+            training=training,
+            **fields,
+        )
+        session.add(job)
+        session.commit()
+    return job
+
+
 def run_as_a_pool_process(job: Job, launcher: Launcher) -> bool:
     """``run_job`` as Celery's pool process runs it (worker/tasks.py notes a SIGTERM that comes
     before the runner handles it); True when the attempt was handed back and the process exits."""

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from cli.samples import seed_config
 from shared.db.artifacts import newest_checkpoint
 from shared.db.engine import get_engine
 from shared.db.models import EventType, Job, JobEvent
@@ -19,7 +18,7 @@ from shared.jobs.run_layout import RunLayout
 from shared.jobs.status import JobStatus
 from shared.settings import get_settings
 from tests.conftest import clear_caches, require_service
-from tests.worker.conftest import run_as_a_pool_process
+from tests.worker.conftest import queued_training_job, run_as_a_pool_process
 from worker.disk_space import disk_problem
 from worker.launcher import Launcher
 
@@ -59,16 +58,7 @@ def test_a_save_that_fills_the_disk_requeues_the_job_naming_the_disk(
     monkeypatch.setenv("TUNEQ_HOME", str(small_disk / "home"))
     monkeypatch.setenv("TUNEQ_MIN_FREE_DISK_MB", "1")
     clear_caches()
-    with Session(get_engine(), expire_on_commit=False) as session:
-        job = Job(
-            model=str(tiny_model),
-            dataset=str(text_dataset),
-            deepspeed_config=seed_config(fp16=False),
-            num_gpus=1,
-            training={"max_steps": 6, "checkpoint_every_steps": 1},
-        )
-        session.add(job)
-        session.commit()
+    job = queued_training_job(tiny_model, text_dataset, {"max_steps": 6, "checkpoint_every_steps": 1})
     launcher = Launcher(hardware=Hardware("cpu", 1), settings=get_settings())
     try:
         handed_back = run_as_a_pool_process(job, launcher)

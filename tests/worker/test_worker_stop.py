@@ -14,11 +14,10 @@ import psycopg.waiting
 import pytest
 from sqlmodel import Session, select
 
-from cli.samples import seed_config
 from shared.db.engine import get_engine
 from shared.db.models import Job, JobMetric
 from shared.jobs.status import JobStatus
-from tests.worker.conftest import run_as_a_pool_process
+from tests.worker.conftest import queued_training_job, run_as_a_pool_process
 from worker.launcher import Launcher
 
 STEPS = 12
@@ -82,17 +81,7 @@ def test_a_sigterm_in_the_middle_of_any_database_call_hands_the_job_back_never_f
     back; none of them counts against max_restarts (0 here), and the job ends succeeded with
     each step recorded once. A handler that raised failed it on a connection left mid-query."""
     training = {"max_steps": STEPS, "checkpoint_every_steps": 3}
-    with Session(get_engine(), expire_on_commit=False) as session:
-        job = Job(
-            model=str(tiny_model),
-            dataset=str(text_dataset),
-            deepspeed_config=seed_config(fp16=False),
-            num_gpus=1,
-            training=training,
-            max_restarts=0,
-        )
-        session.add(job)
-        session.commit()
+    job = queued_training_job(tiny_model, text_dataset, training, max_restarts=0)
     stops = 0
     at = 1
     while True:
