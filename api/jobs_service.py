@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from api.v1.files_service import get_file
+from shared.data.records import preference_refusal
 from shared.data.uploaded_files import is_file_id
 from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
@@ -147,13 +148,20 @@ def resume_from_problems(*, session: Session, job_in: JobCreate, owner: str) -> 
 
 def uploaded_file_problems(*, session: Session, job_in: JobCreate, owner: str) -> list[Problem]:
     """A dataset given as an uploaded file's id (``file-...``) must be one of ``owner``'s files:
-    another owner's is not found, exactly like a missing one."""
+    another owner's is not found, exactly like a missing one. And a file of OpenAI DPO records,
+    which ``/v1/files`` takes, is no dataset for a job, every one of which is supervised."""
     problems = []
     for field, value in (("dataset", job_in.dataset), ("validation_dataset", job_in.validation_dataset)):
-        if value is not None and is_file_id(value) and get_file(session=session, file_id=value, owner=owner) is None:
+        if value is None or not is_file_id(value):
+            continue
+        file = get_file(session=session, file_id=value, owner=owner)
+        if file is None:
             problems.append(
                 Problem(("body", field), f"file {value} not found: upload it with POST /v1/files and give its id")
             )
+        elif file.dataset_format == "preference":
+            evidence = "uploaded in OpenAI's DPO format: input, preferred_output, non_preferred_output"
+            problems.append(Problem(("body", field), preference_refusal(f"file {value}", evidence)))
     return problems
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.data.records import DatasetError, DatasetFormat, read_records
+from shared.data.records import DatasetError, SftFormat, read_records
 from shared.data.remote import DatasetSourceError, dataset_file, local_path, parse_dataset_uri, shown_uri
 from shared.data.uploaded_files import is_file_id
 from shared.settings import Settings
@@ -39,7 +39,7 @@ def local_dataset(
     field: str,
     value: str,
     *,
-    dataset_format: DatasetFormat | None,
+    dataset_format: SftFormat | None,
     settings: Settings,
     report: Callable[[DownloadProgress], None],
 ) -> str:

@@ -1,7 +1,7 @@
 """What the Files routes (``/v1/files``) do, as keyword-only functions over a session. No HTTP in here.
 
 An upload is copied from the request's spooled form to a temporary file a chunk at a time (held
-to ``TUNEQ_MAX_UPLOAD_BYTES`` as it is read), checked record by record as OpenAI's chat
+to ``TUNEQ_MAX_UPLOAD_BYTES`` as it is read), checked record by record as OpenAI's chat (or DPO)
 fine-tuning format, put in the artifact store under ``files/<id>``, and only then given its SQL
 row: a file that fails anywhere leaves neither. Every read is scoped by owner, and another
 owner's file is not found, exactly like a missing one.
@@ -20,8 +20,8 @@ from sqlmodel import Session, col, select
 from api.artifact_download import artifact_store, read_range
 from api.v1.pages import past_cursor
 from shared.artifacts.store import file_key
-from shared.data.records import DatasetError, check_openai_chat_file
-from shared.data.uploaded_files import RESULTS_PURPOSE, UPLOAD_PURPOSE, is_file_id, new_file_id
+from shared.data.records import DatasetError
+from shared.data.uploaded_files import RESULTS_PURPOSE, UPLOAD_PURPOSE, check_uploaded_file, is_file_id, new_file_id
 from shared.db.models import File, FileListPublic, FilePublic
 from shared.json_values import text_problem
 from shared.settings import Settings
@@ -99,7 +99,7 @@ def create_file(
         path = Path(scratch) / "upload.jsonl"
         _spool(upload, path, limit=settings.max_upload_bytes)
         try:
-            records = check_openai_chat_file(path, max_line_bytes=settings.max_line_bytes)
+            checked = check_uploaded_file(path, max_line_bytes=settings.max_line_bytes)
         except DatasetError as e:
             raise FileRequestError(f"{filename}: {e}", param="file") from None
         stored = store.put_file(path, file_key(file_id))
@@ -110,7 +110,8 @@ def create_file(
         purpose=purpose,
         bytes=stored.size,
         sha256=stored.sha256,
-        records=records,
+        records=checked.records,
+        dataset_format=checked.dataset_format,
     )
     session.add(row)
     try:

@@ -51,8 +51,7 @@ from api.v1.hyperparameters import (
     resolve_hyperparameters,
 )
 from api.v1.pages import past_cursor
-from shared.data.records import check_openai_chat_file
-from shared.data.uploaded_files import uploaded_file_path
+from shared.data.uploaded_files import check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
 from shared.jobs.spec import JobCreate, TrainingOptions
@@ -172,12 +171,26 @@ def training_examples(*, session: Session, settings: Settings, file: File) -> in
     before tuneq counted them)."""
     if file.records is None:
         # This host's checked copy, the one the plan reads too.
-        file.records = check_openai_chat_file(
+        checked = check_uploaded_file(
             uploaded_file_path(file.id, settings=settings), max_line_bytes=settings.max_line_bytes
         )
+        file.records, file.dataset_format = checked.records, checked.dataset_format
         session.add(file)
         session.commit()
     return file.records
+
+
+def _check_method_takes(file: File, param: str) -> None:
+    """Every job here is supervised, which trains on chat records: a file of DPO records (accepted
+    at upload, as OpenAI accepts it) is refused, naming the method."""
+    if file.dataset_format == "preference":
+        raise FineTuningRequestError(
+            f"{param} {file.id} holds preference records (OpenAI's DPO format: input, preferred_output, "
+            "non_preferred_output), which method 'supervised' cannot train on: a supervised job trains on chat "
+            "records like {\"messages\": [...]}, and method 'dpo', which trains on preference records, is not one "
+            "tuneq runs yet",
+            param=param,
+        )
 
 
 def _gpus_per_job(*, session: Session, settings: Settings) -> int:
@@ -220,9 +233,13 @@ def create_fine_tuning_job(
         )
     _check_metadata(request.metadata)
     training_file = _owners_file(session, request.training_file, owner, "training_file")
+    validation_file = None
     if request.validation_file is not None:
-        _owners_file(session, request.validation_file, owner, "validation_file")
+        validation_file = _owners_file(session, request.validation_file, owner, "validation_file")
     examples = training_examples(session=session, settings=settings, file=training_file)
+    _check_method_takes(training_file, "training_file")
+    if validation_file is not None:
+        _check_method_takes(validation_file, "validation_file")
     try:
         resolved = resolve_hyperparameters(requested, examples=examples, param_prefix=where)
     except HyperparameterError as e:

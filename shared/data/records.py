@@ -1,6 +1,7 @@
 """Reading and checking training records. Torch-free, so the API can check a dataset at submit.
 
-Three record formats, told apart by their fields (or named by ``training.dataset_format``):
+Three record formats for supervised fine-tuning (SFT), told apart by their fields (or named by
+``training.dataset_format``):
 
 - ``text``: ``{"text": "..."}``, causal LM on the whole text;
 - ``prompt_completion``: ``{"prompt": "...", "completion": "..."}``, loss on the completion;
@@ -10,8 +11,14 @@ Three record formats, told apart by their fields (or named by ``training.dataset
   ``assistant`` and ``tool``; assistant ``tool_calls`` (with ``content: null``); an assistant's
   ``weight`` (0: not trained on); a top-level ``tools`` list.
 
+A fourth, ``preference``, is pairs of answers to one prompt for preference tuning (DPO), told
+apart by their answers' fields (``chosen``/``rejected``, ``preferred_output``/
+``non_preferred_output``) and read by ``shared.data.preference``. An SFT job refuses such a file
+whole, with one message naming the method (``preference_refusal``), never line by line.
+
 Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked by the same rules
-(``check_openai_chat_file``, which phrases problems as that API does), so an uploaded file and a
+(``check_openai_chat_file``, which phrases problems as that API does; OpenAI's DPO records by
+``shared.data.preference``'s, ``shared.data.uploaded_files`` choosing), so an uploaded file and a
 dataset given to ``POST /jobs`` are read, checked and trained the same way.
 
 Files are JSON Lines (read here, so a bad line is named by its number), or JSON, CSV and
@@ -27,22 +34,27 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, get_args
 
 from shared.json_values import MAX_DEPTH, Loc, ValueProblem, value_problem
 
-DatasetFormat = Literal["text", "prompt_completion", "messages"]
+# What a supervised fine-tuning job trains on: ``training.dataset_format`` takes these only.
+SftFormat = Literal["text", "prompt_completion", "messages"]
+DatasetFormat = Literal[SftFormat, "preference"]
 FORMATS: tuple[str, ...] = get_args(DatasetFormat)
+# A preference record's answers, by which it is told from the SFT formats: TRL's and OpenAI's.
+PREFERENCE_ANSWER_FIELDS = ("chosen", "rejected", "preferred_output", "non_preferred_output")
 # OpenAI's chat roles: ``developer`` is its newer name for ``system`` (rendered as ``system``).
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # File types by extension. Anything else is read as JSON Lines, the documented default.
 JSON_LINES, JSON_FILE, CSV, PARQUET = "jsonl", "json", "csv", "parquet"
 FILE_TYPES = {".jsonl": JSON_LINES, ".ndjson": JSON_LINES, ".json": JSON_FILE, ".csv": CSV, ".parquet": PARQUET}
-# A CSV cell holds text, so these columns of a CSV file hold JSON text.
-JSON_TEXT_COLUMNS = ("messages", "tools")
+# A CSV cell holds text, so these columns of a CSV file hold JSON text (never plain text: a
+# TRL ``chosen`` cell may be either, so it stays text).
+JSON_TEXT_COLUMNS = ("messages", "tools", "input", "preferred_output", "non_preferred_output")
 
 # How many bad records one error message names before it says "and N more".
 MAX_REPORTED_PROBLEMS = 5
@@ -74,7 +86,7 @@ class FieldProblem:
 
     def native_text(self) -> str:
         """As the native formats phrase it after "line N": ``field "messages" must be ...``
-        (a top-level name quoted, as ``_string_field`` quotes it), ``field messages[1].role ...``."""
+        (a top-level name quoted, as ``string_field_problem`` quotes it), ``field messages[1].role ...``."""
         if self.field is None:
             return self.message
         name = f'"{self.field}"' if self.field.isidentifier() else self.field
@@ -95,9 +107,9 @@ class DatasetError(ValueError):
 
 @dataclass
 class Records:
-    """A dataset's records in one format, each with where it came from."""
+    """A dataset's records in one SFT format, each with where it came from."""
 
-    format: DatasetFormat
+    format: SftFormat
     rows: list[dict[str, Any]] = field(default_factory=list)
     where: list[str] = field(default_factory=list)
 
@@ -221,8 +233,8 @@ def _without_nulls(value: Any) -> Any:
 
 
 def _decode_json_text(record: dict[str, Any]) -> None:
-    """A CSV row's ``messages`` and ``tools`` cells as the JSON their text holds. Text that is
-    not JSON stays text, and the record check says the field must be a list."""
+    """A CSV row's ``messages``, ``tools`` (and OpenAI DPO) cells as the JSON their text holds.
+    Text that is not JSON stays text, and the record check says the field must be a list."""
     for column in JSON_TEXT_COLUMNS:
         if isinstance(record.get(column), str):
             with contextlib.suppress(json.JSONDecodeError):
@@ -237,6 +249,10 @@ def _first_line(error: BaseException) -> str:
 def detect_format(record: Any) -> DatasetFormat | None:
     if not isinstance(record, dict):
         return None
+    # First: no SFT record needs an answer pair's fields, and a preference record may carry a
+    # ``prompt`` (TRL's) or ``messages``-like columns beside them.
+    if any(name in record for name in PREFERENCE_ANSWER_FIELDS):
+        return "preference"
     if "messages" in record:
         return "messages"
     if "prompt" in record and "completion" in record:
@@ -246,14 +262,14 @@ def detect_format(record: Any) -> DatasetFormat | None:
     return None
 
 
-def _string_field(record: dict[str, Any], name: str, *, may_be_empty: bool = False) -> str | None:
-    """None when the field is fine, else what is wrong with it."""
+def string_field_problem(record: dict[str, Any], name: str, *, may_be_empty: bool = False) -> FieldProblem | None:
+    """What is wrong with a record's text field ``name``, or None."""
     if name not in record or record[name] is None:
-        return f'has no "{name}" field'
+        return FieldProblem(None, f'has no "{name}" field')
     if not isinstance(record[name], str):
-        return f'field "{name}" must be a string'
+        return FieldProblem(name, "must be a string")
     if not may_be_empty and not record[name].strip():
-        return f'field "{name}" is empty'
+        return FieldProblem(name, "is empty")
     return None
 
 
@@ -264,22 +280,31 @@ def _chat_problem(record: dict[str, Any]) -> FieldProblem | None:
     The one rule set of both the native ``messages`` format and ``POST /v1/files``. A field
     given as null counts as absent, as transformers treats it when it renders a conversation.
     """
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return FieldProblem("messages", 'must be a non-empty list of {"role", "content"} objects')
-    for i, message in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(message, dict):
-            return FieldProblem(at, "must be an object with role and content")
-        if message.get("role") not in ROLES:
-            return FieldProblem(f"{at}.role", f"must be one of {', '.join(ROLES)}")
-        if (problem := _message_problem(message, at)) is not None:
-            return problem
-    if not any(is_trained_turn(m) and (_says_something(m) or m.get("tool_calls")) for m in messages):
+    messages: Any = record.get("messages")
+    if (problem := messages_problem(messages, "messages")) is not None:
+        return problem
+    if not any(is_trained_turn(m) and answers_something(m) for m in messages):
         return FieldProblem(
             "messages", "has no assistant message to train on (with content or tool_calls, and weight 1)"
         )
-    return _tools_problem(record)
+    return tools_problem(record.get("tools"), "tools")
+
+
+def messages_problem(messages: Any, at: str, *, first_index: int = 0) -> FieldProblem | None:
+    """The first problem of a list of chat messages found at ``at`` (``messages``,
+    ``input.messages``): a non-empty list, each message with a known role and its fields right.
+    ``first_index``: the index of the first in the record's list, when these are a tail of it."""
+    if not isinstance(messages, list) or not messages:
+        return FieldProblem(at, 'must be a non-empty list of {"role", "content"} objects')
+    for i, message in enumerate(messages, start=first_index):
+        here = f"{at}[{i}]"
+        if not isinstance(message, dict):
+            return FieldProblem(here, "must be an object with role and content")
+        if message.get("role") not in ROLES:
+            return FieldProblem(f"{here}.role", f"must be one of {', '.join(ROLES)}")
+        if (problem := _message_problem(message, here)) is not None:
+            return problem
+    return None
 
 
 def is_trained_turn(message: dict[str, Any]) -> bool:
@@ -287,8 +312,10 @@ def is_trained_turn(message: dict[str, Any]) -> bool:
     return message.get("role") == "assistant" and message.get("weight") != 0
 
 
-def _says_something(message: dict[str, Any]) -> bool:
-    return isinstance(message.get("content"), str) and bool(message["content"].strip())
+def answers_something(message: dict[str, Any]) -> bool:
+    """Whether an assistant message holds an answer: content that is not blank, or tool calls."""
+    content = message.get("content")
+    return (isinstance(content, str) and bool(content.strip())) or bool(message.get("tool_calls"))
 
 
 def _string_or_absent(item: dict[str, Any], name: str, at: str) -> FieldProblem | None:
@@ -354,15 +381,14 @@ def _tool_calls_problem(tool_calls: Any, at: str) -> FieldProblem | None:
     return None
 
 
-def _tools_problem(record: dict[str, Any]) -> FieldProblem | None:
-    """The record's ``tools``, when it has any: the functions its assistant may call."""
-    tools = record.get("tools")
+def tools_problem(tools: Any, at: str) -> FieldProblem | None:
+    """A record's ``tools`` (found at ``at``), when it has any: the functions its assistant may call."""
     if tools is None:
         return None
     if not isinstance(tools, list):
-        return FieldProblem("tools", 'must be a list of {"type": "function", "function": {...}} objects')
+        return FieldProblem(at, 'must be a list of {"type": "function", "function": {...}} objects')
     for i, tool in enumerate(tools):
-        here = f"tools[{i}]"
+        here = f"{at}[{i}]"
         if not isinstance(tool, dict):
             return FieldProblem(here, 'must be an object like {"type": "function", "function": {...}}')
         if tool.get("type") != "function":
@@ -385,34 +411,67 @@ def openai_chat_problem(record: Any) -> FieldProblem | None:
     return _chat_problem(record)
 
 
-def record_problem(record: Any, dataset_format: DatasetFormat) -> str | None:
+def record_problem(record: Any, dataset_format: SftFormat) -> str | None:
     """What is wrong with one record for the given format, or None."""
     if not isinstance(record, dict):
         return f"must be a JSON object like {EXAMPLES[dataset_format]}"
     if dataset_format == "text":
-        return _string_field(record, "text")
-    if dataset_format == "prompt_completion":
-        return _string_field(record, "prompt", may_be_empty=True) or _string_field(record, "completion")
-    problem = _chat_problem(record)
+        problem = string_field_problem(record, "text")
+    elif dataset_format == "prompt_completion":
+        problem = string_field_problem(record, "prompt", may_be_empty=True) or string_field_problem(
+            record, "completion"
+        )
+    else:
+        problem = _chat_problem(record)
     return None if problem is None else problem.native_text()
 
 
-def detect_file_format(path: Path, *, max_line_bytes: int) -> DatasetFormat:
-    """The format of a dataset file, from its first record that is an object with known fields."""
-    for _, item in iter_records(path, max_line_bytes=max_line_bytes):
-        found = None if isinstance(item, FieldProblem) else detect_format(item)
-        if found is not None:
-            return found
-    # Raises the DatasetError that says what is wrong.
-    return read_records(path, max_line_bytes=max_line_bytes).format
+def first_known_record(
+    path: Path, *, max_line_bytes: int, kind: str | None = None
+) -> tuple[str, dict[str, Any], DatasetFormat] | None:
+    """The file's first record with a known format's fields: where it is, the record and its
+    format; None when no record has any."""
+    for where, item in iter_records(path, max_line_bytes=max_line_bytes, kind=kind):
+        if not isinstance(item, FieldProblem) and (found := detect_format(item)) is not None:
+            return where, item, found
+    return None
 
 
-def read_records(path: Path, *, dataset_format: DatasetFormat | None = None, max_line_bytes: int) -> Records:
-    """Every record of a dataset file in one format, or a DatasetError naming the bad ones.
+def detect_sft_format(path: Path, *, max_line_bytes: int) -> SftFormat:
+    """The SFT format of a dataset file, from its first record with known fields. Raises
+    DatasetError: naming the method for a file of preference records, else what is wrong."""
+    first = first_known_record(path, max_line_bytes=max_line_bytes)
+    if first is None:
+        # Raises the DatasetError that says what is wrong.
+        return read_records(path, max_line_bytes=max_line_bytes).format
+    where, record, found = first
+    if found == "preference":
+        raise DatasetError(preference_refusal(path.name, f"{where} has {answer_fields(record)}"))
+    return found
+
+
+def answer_fields(record: dict[str, Any]) -> str:
+    """The preference answer fields a record has, as a message names them: ``"chosen" and "rejected"``."""
+    return " and ".join(f'"{name}"' for name in PREFERENCE_ANSWER_FIELDS if name in record)
+
+
+def preference_refusal(holder: str, evidence: str) -> str:
+    """Why a supervised fine-tuning job refuses a file of preference records, whole: ``holder``
+    names the file, ``evidence`` says how its records show it (``line 1 has "chosen" and ...``)."""
+    return (
+        f"{holder} holds preference records ({evidence}), for preference tuning (DPO), which a supervised "
+        "fine-tuning (SFT) job cannot train on: an SFT job trains on text, prompt_completion or messages "
+        "records, like " + ", or ".join(EXAMPLES.values())
+    )
+
+
+def read_records(path: Path, *, dataset_format: SftFormat | None = None, max_line_bytes: int) -> Records:
+    """Every record of a dataset file in one SFT format, or a DatasetError naming the bad ones.
 
     Without ``dataset_format`` the format is the first record's (by its fields); every
-    other record must then have the same fields. ``max_line_bytes``: the longest line of a
-    JSON Lines file (``TUNEQ_MAX_LINE_BYTES``).
+    other record must then have the same fields, and a file of preference records is refused
+    whole (``preference_refusal``). ``max_line_bytes``: the longest line of a JSON Lines file
+    (``TUNEQ_MAX_LINE_BYTES``).
     """
     records: Records | None = None
     problems: list[RecordProblem] = []
@@ -432,6 +491,8 @@ def read_records(path: Path, *, dataset_format: DatasetFormat | None = None, max
                     )
                 )
                 continue
+            if chosen == "preference":
+                raise DatasetError(preference_refusal(path.name, f"{where} has {answer_fields(item)}"))
             records = Records(format=chosen)
         problem = record_problem(item, records.format)
         if problem is not None:
@@ -440,13 +501,13 @@ def read_records(path: Path, *, dataset_format: DatasetFormat | None = None, max
             records.rows.append(item)
             records.where.append(where)
     if problems:
-        raise DatasetError(f"{path.name}: {_summary([f'{p.where} {p.message}' for p in problems])}", problems)
+        raise DatasetError(f"{path.name}: {summary([f'{p.where} {p.message}' for p in problems])}", problems)
     if records is None or not records.rows:
         raise DatasetError(f"{path.name} has no records: add records like {EXAMPLES['text']}")
     return records
 
 
-def _summary(sentences: list[str]) -> str:
+def summary(sentences: list[str]) -> str:
     """The first ``MAX_REPORTED_PROBLEMS`` bad records' sentences, and how many more there are."""
     more = len(sentences) - MAX_REPORTED_PROBLEMS
     return "; ".join(sentences[:MAX_REPORTED_PROBLEMS]) + (f"; and {more} more bad records" if more > 0 else "")
@@ -457,18 +518,27 @@ def check_openai_chat_file(path: Path, *, max_line_bytes: int) -> int:
     the number of records, or a DatasetError whose message names the first bad ones
     (``line 7: messages[1].role must be one of ...``). Read a line at a time, each line at most
     ``max_line_bytes`` (``TUNEQ_MAX_LINE_BYTES``)."""
+    return check_json_lines(path, openai_chat_problem, example='{"messages": [...]}', max_line_bytes=max_line_bytes)
+
+
+def check_json_lines(
+    path: Path, problem_of: Callable[[Any], FieldProblem | None], *, example: str, max_line_bytes: int
+) -> int:
+    """Check every line of a JSON Lines file with ``problem_of``, phrasing problems as the
+    OpenAI-compatible API does: the number of records, or a DatasetError naming the first bad
+    ones. ``example``: a record like the ones the file should hold, for an empty file."""
     problems: list[RecordProblem] = []
     sentences: list[str] = []
     count = 0
     for where, item in iter_records(path, max_line_bytes=max_line_bytes, kind=JSON_LINES):
-        found = item if isinstance(item, FieldProblem) else openai_chat_problem(item)
+        found = item if isinstance(item, FieldProblem) else problem_of(item)
         if found is None:
             count += 1
             continue
         problems.append(RecordProblem(where, found.native_text()))
         sentences.append(found.sentence(where))
     if problems:
-        raise DatasetError(_summary(sentences), problems)
+        raise DatasetError(summary(sentences), problems)
     if count == 0:
-        raise DatasetError('the file has no records: add one JSON object per line, like {"messages": [...]}')
+        raise DatasetError(f"the file has no records: add one JSON object per line, like {example}")
     return count

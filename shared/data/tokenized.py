@@ -9,6 +9,11 @@ token (1 where the token is predicted and counted in the loss), and the sample o
 cache key is (dataset content, tokenizer, format, sequence length, this code's version), so a
 re-run or a resume finds the arrays and never tokenizes again; ranks and concurrent jobs
 serialise on a file lock, and the first builds what the others then read.
+
+Preference pairs (``shared.data.preference``, for preference tuning) are kept the same way, two
+samples a pair (``PreferenceSamples``): the prompt then the chosen answer, the prompt then the
+rejected one, the prompt's tokens never targets. The preference recipe reads them with
+``prepare_preference_tokenized``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from shared.data.records import DatasetFormat, Records, call_arguments, is_trained_turn
+from shared.data.preference import PreferencePair, PreferenceRecords, read_preference_records
+from shared.data.records import DatasetFormat, Records, SftFormat, call_arguments, is_trained_turn
 
 logger = logging.getLogger(__name__)
 
@@ -196,15 +202,17 @@ def _chat_template(tokenizer: Any, tools: list[dict[str, Any]] | None, where: st
     return template
 
 
-def _refuse_unrendered_tool_use(template: str, record: dict[str, Any], where: str) -> None:
+def _refuse_unrendered_tool_use(
+    template: str, tools: list[dict[str, Any]] | None, messages: list[dict[str, Any]], where: str
+) -> None:
     """A template can only render what it names: the ``tools`` variable, a message's
     ``tool_calls``. One that never names them drops them without an error, and the model would
     learn to answer as if it had called nothing; so such a record is refused."""
     unrendered, unnamed = [], []
-    if record.get("tools") and not _names(template, "tools"):
+    if tools and not _names(template, "tools"):
         unrendered.append("a tools list")
         unnamed.append("tools")
-    if any(m.get("tool_calls") for m in record["messages"]) and not _names(template, "tool_calls"):
+    if any(m.get("tool_calls") for m in messages) and not _names(template, "tool_calls"):
         unrendered.append("tool calls")
         unnamed.append("tool_calls")
     if unrendered:
@@ -223,31 +231,15 @@ def assistant_spans(tokenizer: Any, record: dict[str, Any], *, where: str) -> tu
     a tool-calling turn's span holds the calls as the template writes them. Turns with
     ``weight: 0`` are rendered but not trained on. ``where`` names the record in errors.
     """
-    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
-
     tools = record.get("tools") or None  # an empty list offers no tools: no tools section
     template = _chat_template(tokenizer, tools, where)
-    _refuse_unrendered_tool_use(template, record, where)
+    _refuse_unrendered_tool_use(template, tools, record["messages"], where)
     messages = [template_message(m) for m in record["messages"]]
 
     def render(upto: int, *, generation_prompt: bool = False) -> str:
-        if upto == 0:
-            return ""
-        try:
-            text = tokenizer.apply_chat_template(
-                messages[:upto],
-                tools=tools,
-                chat_template=template,
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
-            )
-        except TemplateError as e:  # the template's raise_exception, or a field it needs and lacks
-            raise TokenizationError(
-                f"{where} cannot be rendered by the model's chat template ({e}): pick a model whose chat "
-                "template takes these roles and fields, or change the record"
-            ) from None
-        assert isinstance(text, str)
-        return text
+        return render_chat(
+            tokenizer, messages[:upto], tools=tools, template=template, generation_prompt=generation_prompt, where=where
+        )
 
     full = render(len(messages))
     spans = []
@@ -264,14 +256,45 @@ def assistant_spans(tokenizer: Any, record: dict[str, Any], *, where: str) -> tu
     return full, spans
 
 
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None,
+    template: str,
+    generation_prompt: bool,
+    where: str,
+) -> str:
+    """``messages`` (already in the template's shape: ``template_message``) as the chat template
+    writes them, with the assistant's generation prompt after them when asked; "" for none."""
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    if not messages:
+        return ""
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
+        )
+    except TemplateError as e:  # the template's raise_exception, or a field it needs and lacks
+        raise TokenizationError(
+            f"{where} cannot be rendered by the model's chat template ({e}): pick a model whose chat "
+            "template takes these roles and fields, or change the record"
+        ) from None
+    assert isinstance(text, str)
+    return text
+
+
+def _require_chat_template(tokenizer: Any, needed_by: str, instead: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise TokenizationError(
+            f"the model's tokenizer has no chat template, which {needed_by} needs: use a chat model, or {instead}"
+        )
+
+
 def _messages_samples(
     tokenizer: Any, rows: list[dict[str, Any]], where: list[str]
 ) -> Iterator[tuple[list[int], list[int]]]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise TokenizationError(
-            "the model's tokenizer has no chat template, which the messages format needs: use a "
-            "chat model, or the prompt_completion format"
-        )
+    _require_chat_template(tokenizer, "the messages format", "the prompt_completion format")
     rendered = [assistant_spans(tokenizer, row, where=at) for row, at in zip(rows, where, strict=True)]
     # The template writes the special tokens (BOS and turn markers) itself.
     encoded = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
@@ -374,33 +397,206 @@ def prepare_tokenized(
     path: Path,
     tokenizer: Any,
     *,
-    dataset_format: DatasetFormat | None,
+    dataset_format: SftFormat | None,
     max_seq_length: int,
     cache_root: Path,
     max_line_bytes: int,
 ) -> tuple[TokenizedSamples, DatasetStats]:
     """The dataset's samples from the cache, or read, checked, tokenized and cached now.
 
-    Raises DatasetError for bad records and TokenizationError for a format the tokenizer
-    cannot serve; both carry messages for the user.
+    Raises DatasetError for bad records (and for a file of preference records, which SFT
+    cannot train on) and TokenizationError for a format the tokenizer cannot serve; both
+    carry messages for the user.
     """
-    from shared.data.records import detect_file_format, read_records
+    from shared.data.records import detect_sft_format, read_records
 
-    data_sha256 = dataset_sha256(path, memo_dir=cache_root / "hashes")
     # The format is part of the key; when it is detected, detection is cheap next to hashing.
-    chosen = dataset_format or detect_file_format(path, max_line_bytes=max_line_bytes)
-    key = cache_key(data_sha256=data_sha256, tokenizer=tokenizer, dataset_format=chosen, max_seq_length=max_seq_length)
+    # Detected before the cache is looked in: a preference file's entry is never SFT samples.
+    chosen = dataset_format or detect_sft_format(path, max_line_bytes=max_line_bytes)
+
+    def tokenize() -> tuple[TokenizedSamples, DatasetStats]:
+        records = read_records(path, dataset_format=chosen, max_line_bytes=max_line_bytes)
+        return tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
+
+    return _cached(
+        path, tokenizer, dataset_format=chosen, max_seq_length=max_seq_length, cache_root=cache_root, build=tokenize
+    )
+
+
+def _cached(
+    path: Path,
+    tokenizer: Any,
+    *,
+    dataset_format: DatasetFormat,
+    max_seq_length: int,
+    cache_root: Path,
+    build: Callable[[], tuple[TokenizedSamples, DatasetStats]],
+) -> tuple[TokenizedSamples, DatasetStats]:
+    """The cache's entry for this file, tokenizer, format and length, or ``build``'s, stored."""
+    data_sha256 = dataset_sha256(path, memo_dir=cache_root / "hashes")
+    key = cache_key(
+        data_sha256=data_sha256, tokenizer=tokenizer, dataset_format=dataset_format, max_seq_length=max_seq_length
+    )
     entry = cache_root / key
     with _locked(cache_root / f"{key}.lock"):
         cached = _load(entry)
         if cached is not None:
             logger.info("tokenized %s found in the cache (%s)", path.name, key)
             return cached
-        records = read_records(path, dataset_format=chosen, max_line_bytes=max_line_bytes)
         try:
-            samples, stats = tokenize_records(records, tokenizer, max_seq_length=max_seq_length)
+            samples, stats = build()
         except TokenizationError as e:  # named like a DatasetError: "data.jsonl: line 3 ..."
             raise TokenizationError(f"{path.name}: {e}") from None
         _store(entry, samples, stats)
         logger.info("tokenized %s: %d samples, %d tokens (%s)", path.name, stats.samples, stats.tokens, key)
         return samples, stats
+
+
+# --- preference pairs ------------------------------------------------------------------------
+#
+# As TRL's DPOTrainer tokenizes them: the prompt rendered with the generation prompt after it,
+# each answer being what rendering prompt + answer adds to that; text pairs as prompt_completion
+# is, the prompt with the tokenizer's special tokens and each answer then EOS. The prompt and the
+# answers are tokenized apart (as prompt_completion is), so both sequences share the prompt's
+# ids exactly; this equals TRL's slicing of the whole whenever the prompt's ids are the start of
+# the whole's (TRL warns when they are not). Truncation is TRL's default, truncation_mode
+# "keep_start" on max_length: each sequence keeps its first max_seq_length tokens, so the prompt
+# is kept whole and the answers lose their ends, and a pair whose prompt leaves no answer token
+# (TRL drops a prompt of max_length or more) is dropped.
+
+
+@dataclass(frozen=True)
+class PreferenceSamples:
+    """Tokenized preference pairs: ``sequences`` holds two samples per pair, the prompt then the
+    chosen answer at ``2 * i`` and the prompt then the rejected answer at ``2 * i + 1``, each
+    targeted on its answer's tokens only (the prompt's are masked)."""
+
+    sequences: TokenizedSamples
+
+    def __len__(self) -> int:
+        return len(self.sequences) // 2
+
+    def chosen(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chosen sequence's ids and targets (0 on the prompt, 1 on the answer)."""
+        return self.sequences.sample(2 * index)
+
+    def rejected(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.sequences.sample(2 * index + 1)
+
+    def pair(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(prompt ids, chosen answer ids, rejected answer ids), as TRL's DPO columns hold them."""
+        chosen, chosen_targets = self.chosen(index)
+        rejected, rejected_targets = self.rejected(index)
+        prompt_length = len(chosen) - int(chosen_targets.sum())
+        return chosen[:prompt_length], chosen[prompt_length:], rejected[len(rejected) - int(rejected_targets.sum()) :]
+
+    def select(self, indices: np.ndarray) -> PreferenceSamples:
+        """The given pairs, in that order (a validation split)."""
+        rows = np.stack([2 * indices, 2 * indices + 1], axis=1).reshape(-1)
+        return PreferenceSamples(self.sequences.select(rows))
+
+
+def pair_ids(tokenizer: Any, pair: PreferencePair, *, where: str) -> tuple[list[int], list[int], list[int]]:
+    """One pair's prompt ids and its two answers' ids, untruncated."""
+    if isinstance(pair.prompt, str):
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        prompt = tokenizer(pair.prompt, add_special_tokens=True)["input_ids"]
+        chosen, rejected = tokenizer([pair.chosen, pair.rejected], add_special_tokens=False)["input_ids"]
+        return list(prompt), [*chosen, *eos], [*rejected, *eos]
+    # The template writes the special tokens (BOS and turn markers) itself.
+    texts = _pair_texts(tokenizer, pair, where=where)
+    prompt, chosen, rejected = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return list(prompt), list(chosen), list(rejected)
+
+
+def _pair_texts(tokenizer: Any, pair: PreferencePair, *, where: str) -> tuple[str, str, str]:
+    """A conversational pair through the chat template: the prompt with the generation prompt,
+    and what rendering the prompt and each answer adds to it."""
+    assert isinstance(pair.prompt, list) and isinstance(pair.chosen, list) and isinstance(pair.rejected, list)
+    template = _chat_template(tokenizer, pair.tools, where)
+    _refuse_unrendered_tool_use(template, pair.tools, [*pair.prompt, *pair.chosen, *pair.rejected], where)
+    prompt_messages = [template_message(m) for m in pair.prompt]
+
+    def render(messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+        return render_chat(
+            tokenizer, messages, tools=pair.tools, template=template, generation_prompt=generation_prompt, where=where
+        )
+
+    prompt = render(prompt_messages, generation_prompt=True)
+    answers = []
+    for answer in (pair.chosen, pair.rejected):
+        whole = render([*prompt_messages, *(template_message(m) for m in answer)], generation_prompt=False)
+        if not whole.startswith(prompt):
+            raise TokenizationError(
+                f"{where}: the model's chat template does not render the prompt the same with an answer after it, "
+                "so the answer cannot be told from the prompt: pick a model whose template renders turn by turn"
+            )
+        answers.append(whole[len(prompt) :])
+    return prompt, answers[0], answers[1]
+
+
+def tokenize_preference_records(
+    records: PreferenceRecords, tokenizer: Any, *, max_seq_length: int
+) -> tuple[PreferenceSamples, DatasetStats]:
+    """Every pair as two sequences (see ``PreferenceSamples``), truncated to ``max_seq_length``
+    as TRL's default truncates. ``DatasetStats`` counts pairs as records and samples, and both
+    sequences' tokens; ``truncated`` counts the pairs with a sequence cut."""
+    if any(isinstance(p.prompt, list) for p in records.pairs):
+        _require_chat_template(tokenizer, "a conversational preference pair", "pairs of text")
+    tokens: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    truncated = dropped = longest = 0
+    for pair, where in zip(records.pairs, records.where, strict=True):
+        prompt, *answers = pair_ids(tokenizer, pair, where=where)
+        longest = max(longest, *(len(prompt) + len(answer) for answer in answers))
+        room = max_seq_length - len(prompt)
+        # The first token is never predicted (nothing comes before it).
+        if room <= 0 or (not prompt and min(len(answer) for answer in answers) < 2):
+            dropped += 1
+            continue
+        truncated += any(len(answer) > room for answer in answers)
+        for answer in answers:
+            kept = answer[:room]
+            tokens.append(np.asarray([*prompt, *kept], dtype=np.int32))
+            targets.append(np.asarray([0] * len(prompt) + [1] * len(kept), dtype=np.uint8))
+    lengths = [len(ids) for ids in tokens]
+    sequences = TokenizedSamples(
+        tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
+        targets=np.concatenate(targets) if targets else np.zeros(0, np.uint8),
+        offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+    )
+    stats = DatasetStats(
+        format="preference",
+        records=len(records),
+        samples=len(sequences) // 2,
+        tokens=int(sequences.tokens.size),
+        target_tokens=int(sequences.targets.sum()),
+        truncated=truncated,
+        dropped=dropped,
+        longest=longest,
+        max_seq_length=max_seq_length,
+    )
+    return PreferenceSamples(sequences), stats
+
+
+def prepare_preference_tokenized(
+    path: Path, tokenizer: Any, *, max_seq_length: int, cache_root: Path, max_line_bytes: int
+) -> tuple[PreferenceSamples, DatasetStats]:
+    """A preference file's pairs from the tokenized cache (as SFT data is kept, under the format
+    ``preference``), or read, checked, tokenized and cached now. Raises DatasetError for bad
+    records and TokenizationError for pairs the tokenizer cannot render."""
+
+    def tokenize() -> tuple[TokenizedSamples, DatasetStats]:
+        records = read_preference_records(path, max_line_bytes=max_line_bytes)
+        samples, stats = tokenize_preference_records(records, tokenizer, max_seq_length=max_seq_length)
+        return samples.sequences, stats
+
+    sequences, stats = _cached(
+        path,
+        tokenizer,
+        dataset_format="preference",
+        max_seq_length=max_seq_length,
+        cache_root=cache_root,
+        build=tokenize,
+    )
+    return PreferenceSamples(sequences), stats

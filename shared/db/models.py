@@ -293,7 +293,7 @@ class FileBase(SQLModel):
 
 class File(FileBase, table=True):
     """A file uploaded through the OpenAI-compatible API (``POST /v1/files``), checked as
-    OpenAI's chat fine-tuning format on the way in. Its bytes are in the artifact store under
+    OpenAI's chat or DPO fine-tuning format on the way in. Its bytes are in the artifact store under
     ``files/<id>`` (``shared.artifacts.store.file_key``), put there before this row is committed:
     a row always has its bytes, and bytes without a row are an upload that never finished."""
 
@@ -309,6 +309,10 @@ class File(FileBase, table=True):
     # Its records, counted as they were checked: what "auto" hyperparameters are resolved from.
     # None for a file uploaded before tuneq counted them (counted when a job first needs it).
     records: int | None = None
+    # What its records are, as the check at upload found (shared.data.uploaded_files): "messages"
+    # (OpenAI's chat format) or "preference" (its DPO format). None for a file uploaded before
+    # tuneq took DPO files: chat records, the only kind taken then.
+    dataset_format: str | None = Field(default=None, max_length=40)
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
 
 

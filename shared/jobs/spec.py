@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from shared.data.records import DatasetFormat
+from shared.data.records import SftFormat
 from shared.jobs.attention import AttentionChoice
 from shared.settings import DEFAULT_MAX_LINE_BYTES
 
@@ -69,7 +69,7 @@ class TrainingOptions(BaseModel):
     max_duration_seconds: int | None = Field(
         default=None, gt=0, description="Fail the job with 'timeout' once one attempt has run this long."
     )
-    dataset_format: DatasetFormat | None = Field(
+    dataset_format: SftFormat | None = Field(
         default=None,
         description="text, prompt_completion or messages; detected from the first record's fields when not given.",
     )

@@ -21,6 +21,7 @@ from shared.db.lifecycle import finish_job, record_event, register_worker
 from shared.db.models import EventType, Job, Worker, utcnow
 from shared.jobs.run_layout import RunLayout
 from shared.jobs.status import JobStatus
+from tests.shared.data.preference_records import OPENAI_DPO
 
 
 @pytest.fixture
@@ -441,6 +442,30 @@ def test_a_dataset_line_no_request_body_could_hold_is_a_422_naming_it_and_leaves
     assert job_count() == 0
     # The same client's next request is answered: nothing above broke the connection or the app.
     assert client.post("/jobs", json=body).status_code == 201
+
+
+@pytest.mark.parametrize("operation", ["/jobs", "/jobs/plan"])
+@pytest.mark.parametrize(
+    ("record", "evidence"),
+    [
+        ({"prompt": "Who?", "chosen": " A cat.", "rejected": " A dog."}, 'line 1 has "chosen" and "rejected"'),
+        (OPENAI_DPO, 'line 1 has "preferred_output" and "non_preferred_output"'),
+    ],
+)
+def test_a_preference_file_is_a_422_naming_the_method_and_leaves_no_row(
+    client: TestClient, body: dict[str, Any], dataset: Path, operation: str, record: dict[str, Any], evidence: str
+) -> None:
+    pairs = dataset.with_name("pairs.jsonl")
+    pairs.write_text(json.dumps(record) + "\n")
+    response = client.post(operation, json={**body, "dataset": str(pairs)})
+    assert response.status_code == 422, response.text
+    problem = response.json()["detail"][0]
+    assert problem["loc"] == ["body", "dataset"]
+    assert problem["msg"].startswith(
+        f"pairs.jsonl holds preference records ({evidence}), for preference tuning (DPO), which a supervised "
+        "fine-tuning (SFT) job cannot train on: an SFT job trains on text, prompt_completion or messages records"
+    ), problem
+    assert job_count() == 0
 
 
 @pytest.mark.parametrize("path", ["/events/stream", "/logs?follow=true"])

@@ -23,6 +23,7 @@ from api.v1.hyperparameters import pretraining_learning_rate
 from shared.db.engine import get_engine
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, utcnow
 from shared.jobs.status import JobStatus
+from tests.shared.data.preference_records import OPENAI_DPO
 
 RECORD = {
     "messages": [
@@ -42,8 +43,8 @@ def client(database_url: str) -> Iterator[TestClient]:
         yield c
 
 
-def upload(client: TestClient, records: int = 8) -> str:
-    content = "".join(json.dumps(RECORD) + "\n" for _ in range(records)).encode()
+def upload(client: TestClient, records: int = 8, record: dict[str, Any] = RECORD) -> str:
+    content = "".join(json.dumps(record) + "\n" for _ in range(records)).encode()
     answer = client.post(
         "/v1/files", files={"file": ("train.jsonl", content, "application/jsonl")}, data={"purpose": "fine-tune"}
     )
@@ -179,6 +180,36 @@ def test_a_bad_request_is_a_400_naming_the_parameter_and_leaves_no_job(
     refused = error_of(create(client, **request), 400)
     assert refused["param"] == param and words in refused["message"], refused
     assert refused["type"] == "invalid_request_error"
+    assert job_rows() == 0
+
+
+def test_a_supervised_job_on_a_dpo_file_is_a_400_naming_the_method_and_leaves_no_job(
+    client: TestClient, model_dir: Path, body: dict[str, Any]
+) -> None:
+    dpo = upload(client, record=OPENAI_DPO)  # accepted at upload, as OpenAI accepts it
+    chat = upload(client)
+    for request, param in [
+        ({"training_file": dpo}, "training_file"),
+        ({"training_file": dpo, "method": {"type": "supervised"}}, "training_file"),
+        ({"training_file": chat, "validation_file": dpo}, "validation_file"),
+    ]:
+        refused = error_of(create(client, model=str(model_dir), **request), 400)
+        assert refused["param"] == param, refused
+        assert refused["message"].startswith(
+            f"{param} {dpo} holds preference records (OpenAI's DPO format: input, preferred_output, "
+            "non_preferred_output), which method 'supervised' cannot train on"
+        ), refused
+        assert "method 'dpo', which trains on preference records, is not one tuneq runs yet" in refused["message"]
+    # DPO itself is refused as before, until tuneq runs it.
+    dpo_method = error_of(create(client, model=str(model_dir), training_file=dpo, method={"type": "dpo"}), 400)
+    assert dpo_method["param"] == "method.type" and "not one tuneq runs yet" in dpo_method["message"]
+    # The native API refuses it as a dataset too, naming the field and the method.
+    native = client.post("/jobs", json=body | {"dataset": dpo})
+    assert native.status_code == 422, native.text
+    problem = native.json()["detail"][0]
+    assert problem["loc"] == ["body", "dataset"]
+    assert problem["msg"].startswith(f"file {dpo} holds preference records (uploaded in OpenAI's DPO format")
+    assert "which a supervised fine-tuning (SFT) job cannot train on" in problem["msg"]
     assert job_rows() == 0
 
 

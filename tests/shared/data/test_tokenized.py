@@ -11,12 +11,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cli.samples import write_messages_dataset
+from cli.samples import WEATHER_TOOL, write_messages_dataset
 from shared.data import tokenized
-from shared.data.records import Records, read_records
-from shared.data.tokenized import TokenizationError, TokenizedSamples, prepare_tokenized, tokenize_records
+from shared.data.preference import PreferencePair, PreferenceRecords, read_preference_records
+from shared.data.records import DatasetError, Records, read_records
+from shared.data.tokenized import (
+    PreferenceSamples,
+    TokenizationError,
+    TokenizedSamples,
+    prepare_preference_tokenized,
+    prepare_tokenized,
+    tokenize_preference_records,
+    tokenize_records,
+)
 from shared.settings import DEFAULT_MAX_LINE_BYTES
 from tests.shared.data.chat_records import OPENAI_CHAT
+from tests.shared.data.preference_records import OTHER, PREFERRED, PROMPT, SHAPES
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +271,98 @@ def test_a_dataset_is_hashed_once_per_version(tmp_path: Path, monkeypatch: pytes
     data.write_text('{"text": "three"}\n')  # rewritten: a new version
     assert tokenized.dataset_sha256(data, memo_dir=memo) == hashlib.sha256(data.read_bytes()).hexdigest()
     assert len(hashed) == 2
+
+
+# --- preference pairs ------------------------------------------------------------------------
+
+
+def tokenize_pairs(tokenizer: Any, *pairs: PreferencePair, max_seq_length: int = 256) -> PreferenceSamples:
+    records = PreferenceRecords(shape="trl", pairs=list(pairs), where=[f"line {i}" for i in range(1, len(pairs) + 1)])
+    samples, _ = tokenize_preference_records(records, tokenizer, max_seq_length=max_seq_length)
+    return samples
+
+
+def test_a_conversational_pair_is_two_sequences_masked_on_the_prompt(tokenizer: Any) -> None:
+    prompt = [{"role": "system", "content": "be brief."}, {"role": "user", "content": "who sees a tree?"}]
+    chosen, rejected = [{"role": "assistant", "content": "the cat."}], [{"role": "assistant", "content": "a dog."}]
+    samples = tokenize_pairs(tokenizer, PreferencePair(prompt, chosen, rejected))
+    assert len(samples) == 1 and len(samples.sequences) == 2
+    for (ids, targets), answer in ((samples.chosen(0), chosen), (samples.rejected(0), rejected)):
+        # The answer's tokens are exactly those of the assistant turn, as the messages format trains it.
+        sft = tokenize_chat(tokenizer, {"messages": prompt + answer})
+        assert np.array_equal(ids, sft.sample(0)[0]) and np.array_equal(targets, sft.sample(0)[1])
+        assert targets_text(tokenizer, ids, targets) == f"{answer[0]['content']}<|im_end|>\n"
+        assert tokenizer.decode(ids[targets == 0]).endswith("who sees a tree?<|im_end|>\n<|im_start|>assistant\n")
+    prompt_ids, chosen_ids, rejected_ids = samples.pair(0)
+    assert (
+        tokenizer.decode(chosen_ids) == "the cat.<|im_end|>\n"
+        and tokenizer.decode(rejected_ids) == "a dog.<|im_end|>\n"
+    )
+    assert np.array_equal(samples.chosen(0)[0], np.concatenate([prompt_ids, chosen_ids]))
+
+
+def test_the_same_pair_in_openai_s_and_trl_s_shapes_renders_identically(tokenizer: Any, tmp_path: Path) -> None:
+    rendered = []
+    for shape, record in SHAPES.items():
+        path = tmp_path / f"{shape}.jsonl"
+        path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        samples, stats = tokenize_preference_records(
+            read_preference_records(path, max_line_bytes=DEFAULT_MAX_LINE_BYTES), tokenizer, max_seq_length=512
+        )
+        rendered.append((samples.sequences.tokens.tolist(), samples.sequences.targets.tolist(), stats))
+    assert rendered[0] == rendered[1] == rendered[2] and rendered[0][2].samples == 1
+    samples = tokenize_pairs(tokenizer, PreferencePair(PROMPT, PREFERRED, OTHER, [WEATHER_TOOL]), max_seq_length=512)
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call><|im_end|>\n'
+    assert targets_text(tokenizer, *samples.chosen(0)) == call
+    assert targets_text(tokenizer, *samples.rejected(0)) == "It is sunny.<|im_end|>\n"
+    assert tokenizer.decode(samples.pair(0)[0]).startswith('<|im_start|>system\n<tools>{"type": "function"')
+
+
+def test_a_text_pair_is_prompt_then_answer_and_eos(tokenizer: Any) -> None:
+    samples = tokenize_pairs(tokenizer, PreferencePair("who sees a tree?", " the cat.", " a dog."))
+    ids, targets = samples.chosen(0)
+    assert targets_text(tokenizer, ids, targets) == " the cat.<|endoftext|>"
+    assert tokenizer.decode(ids[targets == 0]) == "who sees a tree?"
+    assert targets_text(tokenizer, *samples.rejected(0)) == " a dog.<|endoftext|>"
+
+
+def test_truncation_keeps_the_prompt_and_the_answers_start_and_drops_a_pair_with_no_room(tokenizer: Any) -> None:
+    long_answer = " " + " ".join(["the cat sees the ball."] * 20)
+    kept = PreferencePair("who sees a tree?", long_answer, " a dog.")
+    no_room = PreferencePair(" ".join(["the cat sees the ball."] * 20), " yes.", " no.")
+    records = PreferenceRecords(shape="trl", pairs=[kept, no_room], where=["line 1", "line 2"])
+    samples, stats = tokenize_preference_records(records, tokenizer, max_seq_length=16)
+    assert (stats.records, stats.samples, stats.truncated, stats.dropped) == (2, 1, 1, 1)
+    assert stats.longest > 16 and samples.sequences.lengths.max() == 16
+    prompt, chosen, rejected = samples.pair(0)
+    assert tokenizer.decode(prompt) == "who sees a tree?"  # whole
+    assert len(prompt) + len(chosen) == 16 and tokenizer.decode(chosen) == tokenizer.decode(
+        tokenizer.encode(long_answer, add_special_tokens=False)[: 16 - len(prompt)]
+    )
+    assert tokenizer.decode(rejected) == " a dog.<|endoftext|>"  # short enough: untouched
+    assert stats.tokens == int(samples.sequences.lengths.sum()) and stats.target_tokens == len(chosen) + len(rejected)
+
+
+def test_a_template_without_tool_support_refuses_a_pair_with_tool_calls(plain: Any) -> None:
+    with pytest.raises(TokenizationError, match=r"^line 1 has a tools list and tool calls, but the model's chat"):
+        tokenize_pairs(plain, PreferencePair(PROMPT, PREFERRED, OTHER, [WEATHER_TOOL]))
+
+
+def test_pairs_are_cached_and_an_sft_job_never_reads_them(tokenizer: Any, tmp_path: Path) -> None:
+    data = tmp_path / "pairs.jsonl"
+    pairs = [{"prompt": f"who sees {'a ' * i}tree?", "chosen": " the cat.", "rejected": " a dog."} for i in range(3)]
+    data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    prepare = {"max_seq_length": 64, "cache_root": tmp_path / "cache", "max_line_bytes": DEFAULT_MAX_LINE_BYTES}
+    first, stats = prepare_preference_tokenized(data, tokenizer, **prepare)
+    assert not stats.cached and stats.format == "preference" and len(first) == stats.samples == 3
+    again, stats = prepare_preference_tokenized(data, tokenizer, **prepare)
+    assert stats.cached and np.array_equal(first.sequences.tokens, again.sequences.tokens)
+    picked = again.select(np.array([2, 0]))
+    assert len(picked) == 2 and all(
+        np.array_equal(a, b)
+        for a, b in zip(picked.pair(0) + picked.pair(1), first.pair(2) + first.pair(0), strict=True)
+    )
+    assert not np.array_equal(first.pair(2)[0], first.pair(0)[0])
+    # The pairs are in the cache now; an SFT job on the same file still refuses it, naming the method.
+    with pytest.raises(DatasetError, match=r"^pairs.jsonl holds preference records .* for preference tuning \(DPO\)"):
+        prepare_tokenized(data, tokenizer, dataset_format=None, **prepare)
