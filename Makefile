@@ -61,9 +61,12 @@ test: install bytecode
 test-fast: install bytecode
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 
-# A few hundred tiny jobs while Postgres and Redis restart and a worker stops (tests/soak.py):
-# every job run once, no 5xx but 503 + Retry-After, nothing left in /dev/shm or the process
-# table. Not in `make test`: it restarts this machine's Postgres and Redis. SOAK_ARGS="--jobs 60".
+# A few hundred tiny jobs on two workers (each its own home, one store) while Postgres and Redis
+# restart, one worker's disk (a tmpfs) fills up and is freed, workers are stopped at random
+# instants, hostile records and uploads are sent and bursts of reads come in (tests/soak.py): every
+# job run once, none failed for a cause outside it, hostile input a 4xx, no 5xx but 503 +
+# Retry-After, nothing left in /dev/shm, the mounts or the process table. Not in `make test`: it
+# restarts this machine's Postgres and Redis and mounts a tmpfs (root). SOAK_ARGS="--jobs 60".
 soak: install
 	$(PY) -m tests.soak $(SOAK_ARGS)
 
