@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -113,12 +114,18 @@ class Requests:
             self.violations.append(what)
 
 
-def tuneq_processes() -> set[tuple[int, float]]:
+def tuneq_processes(work: Path) -> set[tuple[int, float]]:
+    """The tuneq processes of this soak: a TUNEQ_HOME under ``work`` in their environment, which
+    ranks, warm starts and pool processes inherit (orphans included); not the processes of
+    anything else the machine runs meanwhile."""
     found = set()
     for process in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(process.info["cmdline"] or [])
-        if process.pid != os.getpid() and any(marker in cmdline for marker in TUNEQ_PROCESS_MARKERS):
-            found.add((process.pid, process.info["create_time"]))
+        if process.pid == os.getpid() or not any(marker in cmdline for marker in TUNEQ_PROCESS_MARKERS):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("TUNEQ_HOME", "").startswith(str(work)):
+                found.add((process.pid, process.info["create_time"]))
     return found
 
 
@@ -260,7 +267,7 @@ class Soak:
 
     def run(self) -> list[str]:
         """The soak; the list of what went wrong (empty: it passed)."""
-        shm_before, processes_before, mounts_before = shm_buffers(), tuneq_processes(), mounts()
+        shm_before, processes_before, mounts_before = shm_buffers(), tuneq_processes(self.work), mounts()
         with self.disk:
             service = self.start()
             self.requests = Requests(service.client)
@@ -276,7 +283,7 @@ class Soak:
         time.sleep(2)
         if left := shm_buffers() - shm_before:
             self.problems.append(f"/dev/shm holds {len(left)} new all-reduce buffer(s): {sorted(left)[:5]}")
-        if left_processes := tuneq_processes() - processes_before:
+        if left_processes := tuneq_processes(self.work) - processes_before:
             self.problems.append(f"{len(left_processes)} tuneq process(es) left running: {sorted(left_processes)[:5]}")
         if left_mounts := mounts() - mounts_before:
             self.problems.append(f"mounts left: {sorted(left_mounts)}")
@@ -332,9 +339,13 @@ class Soak:
             time.sleep(self.submit_every)
 
     def stop_worker(self, service: Tuneq) -> None:
-        """SIGTERM one of the workers, at a random instant, and start another on its home."""
-        time.sleep(self.random.uniform(0, 3))
-        worker = self.random.choice(service.processes[1:])
+        """SIGTERM a worker, one running a job where there is one, at a random instant (a job
+        lasts seconds), and start another on its home."""
+        running = self.requests.call("GET", "/jobs", params={"status": "running", "limit": 50}).json()["data"]
+        busy = {int(str(j["worker_id"]).rpartition(":")[2]) for j in running if j.get("worker_id")}
+        workers = service.processes[1:]
+        time.sleep(self.random.uniform(0, 1.5))
+        worker = self.random.choice([w for w in workers if w.pid in busy] or workers)
         worker.terminate()  # SIGTERM to the worker's main process, as `docker stop` sends
         worker.wait(timeout=120)
         service.processes.remove(worker)
