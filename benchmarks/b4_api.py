@@ -4,7 +4,7 @@ Beside the two, under the same load: the least a FastAPI route can do
 (``benchmarks.bare_api:minimal``), for the p99 floor of any FastAPI route on the host; and a
 second ``tuneq serve`` with API keys on, as deployed off loopback, where each request looks its
 key up in the database. All four servers are real processes run by the same uvicorn settings (``tuneq serve`` runs
-``uvicorn.run(..., log_level="info", access_log=False)``); the load comes from a separate
+uvicorn with ``log_level="info", access_log=False, loop="asyncio"``); the load comes from a separate
 process, ``benchmarks.load`` (one raw keep-alive HTTP/1.1 connection per client, timed at the
 client), so the load generator shares no GIL with this process and costs the servers as
 little of the machine's CPU as it can.
@@ -109,6 +109,8 @@ def _uvicorn(app: str, port: int) -> list[str]:
         "--log-level",
         "info",
         "--no-access-log",
+        "--loop",
+        "asyncio",
     ]
 
 

@@ -48,12 +48,13 @@ def tuneq_env(*, home: Path, database_url: str, broker_url: str = REDIS_URL) -> 
     }
 
 
-def migrate(env: dict[str, str], log: Path) -> None:
+def migrate(env: dict[str, str], log: Path, *, cwd: Path = REPO) -> None:
+    """``tuneq migrate``, of the checkout at ``cwd`` (give it ``PYTHONPATH`` too in ``env``)."""
     with log.open("ab") as out:
         subprocess.run(
             [sys.executable, "-m", "cli.main", "migrate"],
             env=env,
-            cwd=REPO,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             check=True,
@@ -62,14 +63,15 @@ def migrate(env: dict[str, str], log: Path) -> None:
 
 
 class Server:
-    """A real server process in its own session, stopped as a group."""
+    """A real server process in its own session, stopped as a group. ``cwd``: the checkout it
+    runs from (another one than this needs ``PYTHONPATH`` in ``env`` too)."""
 
-    def __init__(self, argv: Sequence[str], *, env: dict[str, str], log: Path, port: int) -> None:
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str], log: Path, port: int, cwd: Path = REPO) -> None:
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                list(argv), env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                list(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.log = log
 
@@ -87,18 +89,32 @@ class Server:
         raise TimeoutError(f"server not ready; see {self.log}")
 
     def wait_idle(self, *, below: float = 0.05, window: float = 2.0, timeout: float = 120) -> None:
-        """Wait until the server's process spends under ``below`` of a core over ``window``
+        """Wait until the server's processes spend under ``below`` of a core over ``window``
         seconds: its start-up work (``tuneq serve`` imports DeepSpeed's config parser in a
         background thread after it answers, with pauses for I/O, hence a long window) is not
         measured as if it were the requests'."""
-        import psutil
-
-        process = psutil.Process(self.process.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if process.cpu_percent(interval=window) < below * 100:
+            used = self.cpu_seconds()
+            time.sleep(window)
+            if self.cpu_seconds() - used < below * window:
                 return
         raise TimeoutError(f"server still busy after {timeout:.0f} s; see {self.log}")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's process and its children have used so far: a
+        server of several processes (uvicorn's workers) counts them all."""
+        import psutil
+
+        root = psutil.Process(self.process.pid)
+        total = 0.0
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:  # ended between the listing and the reading
+                continue
+            total += times.user + times.system
+        return total
 
     def stop(self, *, timeout: float = 30) -> None:
         if self.process.poll() is None:

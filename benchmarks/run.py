@@ -60,6 +60,12 @@ def _b8(repeats: int) -> list[Result]:
     return b8_multi_node.run(repeats)
 
 
+def _b9(repeats: int) -> list[Result]:
+    from benchmarks import b9_load
+
+    return b9_load.run(repeats)
+
+
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "training": (("B1", "B6"), _b1_b6),
@@ -69,6 +75,7 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "events": (("B5",), _b5),
     "artifacts": (("B7",), _b7),
     "multi_node": (("B8",), _b8),
+    "load": (("B9",), _b9),
 }
 
 
