@@ -25,6 +25,7 @@ from api.v1 import files as v1_files
 from api.v1 import fine_tuning as v1_fine_tuning
 from api.v1 import models as v1_models
 from api.v1.errors import install_error_handlers
+from shared.artifacts.store import ArtifactStoreError
 from shared.db.engine import init_db, is_transient_database_error
 from shared.deepspeed.config import known_top_level_keys
 
@@ -72,9 +73,17 @@ async def _database_unavailable(request: Request, error: Exception) -> Response:
     )
 
 
+async def _store_unavailable(request: Request, error: Exception) -> Response:
+    """The artifact store could not be read (a job's model naming another job's output reads
+    that model's config from it): a 503 the client retries, as for the database."""
+    logger.warning("%s %s: the artifact store is unreachable: %s", request.method, request.url.path, error)
+    return unavailable_response(request.url.path, f"{error}: retry after the Retry-After seconds")
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="tuneq", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(DBAPIError, _database_unavailable)
+    app.add_exception_handler(ArtifactStoreError, _store_unavailable)
     install_error_handlers(
         app, openai_routers=[v1_files.router, v1_fine_tuning.router, v1_models.router]
     )  # OpenAI's envelope on /v1

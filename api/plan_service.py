@@ -17,10 +17,11 @@ from typing import Any
 
 from sqlmodel import Session
 
-from api.jobs_service import deployment_hardware, reference_problems
+from api.jobs_service import checked_request
+from api.model_sources import plan_model
 from shared.jobs.plan import JobPlan, PlanProblems, compute_plan
 from shared.jobs.spec import JobCreate
-from shared.jobs.validation import JobValidationError, validate_job_request
+from shared.jobs.validation import JobValidationError, Problem
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -73,15 +74,17 @@ def _plan_in_child(job_json: str, deepspeed_config: dict[str, Any], settings_jso
 
 
 def plan_job(*, session: Session, job_in: JobCreate, settings: Settings, owner: str) -> JobPlan:
-    """Validate as ``POST /jobs`` does, then work the plan out. Raises JobValidationError."""
-    from shared.jobs.validation import Problem
+    """Validate as ``POST /jobs`` does, then work the plan out. Raises JobValidationError.
 
-    hardware = deployment_hardware(session=session, settings=settings)
-    validated = validate_job_request(job_in, settings=settings, hardware=hardware)
-    if problems := reference_problems(session=session, job_in=job_in, owner=owner):
-        raise JobValidationError(problems)
+    A model naming another job's output is planned from its config and tokenizer, fetched from
+    the artifact store into this API's cache (``api.model_sources.plan_model``)."""
+    validated, named = checked_request(session=session, job_in=job_in, settings=settings, owner=owner)
+    planned = job_in
+    if named is not None:
+        model, revision = plan_model(session=session, settings=settings, resolved=named)
+        planned = job_in.model_copy(update={"model": model, "revision": revision})
     future: Future[dict[str, Any]] = _plan_executor().submit(
-        _plan_in_child, job_in.model_dump_json(), validated.deepspeed_config, settings.model_dump_json()
+        _plan_in_child, planned.model_dump_json(), validated.deepspeed_config, settings.model_dump_json()
     )
     try:
         answer = future.result(timeout=PLAN_TIMEOUT_SECONDS)

@@ -980,7 +980,13 @@ FollowOption = Annotated[
 
 
 def submit(
-    model: Annotated[str, typer.Option(help="A hub id (org/name) or a local model directory.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="A hub id (org/name), a local model directory, or one of your jobs' outputs to continue from: "
+            "job:<id> (its exported model) or job:<id>@step-<n> (its checkpoint)."
+        ),
+    ],
     dataset: Annotated[str, typer.Option(help="A dataset path or URI (file://, s3://, https://, hf://).")],
     deepspeed: Annotated[
         str | None,

@@ -127,6 +127,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=get_settings().api_stop_grace_seconds,
+        # asyncio's loop, not uvloop: uvloop's libuv accepts one connection per loop turn, so
+        # under load a burst of new connections waited seconds to be accepted (BENCHMARKS.md, B9).
+        loop="asyncio",
     )
     StoppingServer(config, stop=api.state.server_stop).run()
 

@@ -45,10 +45,12 @@ from shared.deepspeed.config import missing_packages
 from shared.deepspeed.safety import sanitize_deepspeed_config
 from shared.jobs.events import RankError
 from shared.jobs.hardware import hardware_problems
+from shared.jobs.model_source import ModelSource
 from shared.jobs.run_layout import RunLayout, read_from, tail_lines, write_json_atomic
 from shared.jobs.spec import ResumePoint, TrainingOptions, TrainingSpec
 from shared.jobs.status import ErrorCode, JobStatus
 from shared.settings import Settings
+from worker.base_model import BaseModelMaker
 from worker.checkpoint_fetch import drop_local_checkpoints_after, fetch_checkpoint
 from worker.disk_space import disk_problem, full_disk_failure, note_full_disk
 from worker.ingest import EventIngestor
@@ -422,14 +424,18 @@ def prepare_attempt(
             store=store,
             keep_alive=keep_alive,
         )
+    model, revision = job.model, job.revision
+    if job.model_source is not None:  # another job's output: made a local directory the ranks load
+        maker = BaseModelMaker(settings=settings, store=store, keep_alive=keep_alive, log=layout.log)
+        model, revision = str(maker.local_model(ModelSource.model_validate(job.model_source))), None
     training = TrainingOptions.model_validate(job.training)
     spec = TrainingSpec(
         job_id=job.id,
         attempt=job.attempts,
         resume_from=resume,
         start_from=start,
-        model=job.model,
-        revision=job.revision,
+        model=model,
+        revision=revision,
         dataset=datasets["dataset"] or job.dataset,
         validation_dataset=datasets["validation_dataset"],
         deepspeed_config=deepspeed_config,

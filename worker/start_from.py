@@ -34,7 +34,8 @@ POLL_SECONDS = 0.5
 
 
 class ConversionFailed(RuntimeError):
-    """ds_to_universal exited with an error; the message names the log."""
+    """A conversion (``ds_to_universal``, ``worker.rank.base_weights``) exited with an error; the
+    message names the log."""
 
 
 def start_point(
@@ -81,8 +82,6 @@ def start_point(
 
 def convert_to_universal(source: Path, target: Path, *, log: Path, keep_alive: Callable[[], None]) -> None:
     staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
@@ -99,6 +98,25 @@ def convert_to_universal(source: Path, target: Path, *, log: Path, keep_alive: C
         # universal_checkpoint_info a Megatron client writes; the converter then adds it.
         "--inject_missing_state",
     ]
+    run_conversion(
+        command,
+        staging=staging,
+        target=target,
+        log=log,
+        keep_alive=keep_alive,
+        what="converting the resume_from checkpoint to DeepSpeed's universal format",
+    )
+
+
+def run_conversion(
+    command: list[str], *, staging: Path, target: Path, log: Path, keep_alive: Callable[[], None], what: str
+) -> None:
+    """Run ``command``, which writes ``staging``, in its own process group, its output appended
+    to ``log``, calling ``keep_alive`` meanwhile (it may raise: the process is then killed); once
+    it succeeds, ``staging`` is marked complete and takes ``target``'s name. Raises
+    ConversionFailed, naming ``what`` failed and the log's last error line."""
+    shutil.rmtree(staging, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as out:
         process = subprocess.Popen(
@@ -111,13 +129,16 @@ def convert_to_universal(source: Path, target: Path, *, log: Path, keep_alive: C
     except BaseException:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     if process.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
         lines = [ln for ln in tail_lines(log, 100) if "Error" in ln or "error" in ln]
         reason = lines[-1].strip() if lines else f"exit status {process.returncode}"
-        raise ConversionFailed(
-            f"converting the resume_from checkpoint to DeepSpeed's universal format failed: {reason} (full log: {log})"
-        )
+        raise ConversionFailed(f"{what} failed: {reason} (full log: {log})")
     (staging / CONVERTED_MARKER).write_text("ok\n", encoding="utf-8")
+    if (target / CONVERTED_MARKER).is_file():  # another process made the same meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)

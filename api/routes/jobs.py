@@ -122,19 +122,20 @@ def list_jobs(
     return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
 
 
-def _read_job_answer(job_id: uuid.UUID) -> JobAnswer | None:
+def _read_job_answers(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobAnswer]:
     # Runs in the thread pool, on the read-only (autocommit) engine like ReadSessionDep.
     with Session(get_read_engine(), expire_on_commit=False) as session:
-        return jobs_service.job_answer(session=session, job_id=job_id)
+        return jobs_service.job_answers(session=session, job_ids=job_ids)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
 async def get_job(job_id: uuid.UUID, request: Request, owner: OwnerDep) -> Response:
     # The route clients poll: answered from this process's recent read of the job when there is
-    # one (api.read_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting.
-    # The body is encoded once per read, so the answer skips FastAPI's response validation.
+    # one (api.read_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting,
+    # together with the other jobs that missed meanwhile. The body is encoded once per read, so
+    # the answer skips FastAPI's response validation.
     cache: ReadCache[uuid.UUID, JobAnswer] = request.app.state.job_cache
-    answer = await cache.read(job_id, ttl=get_settings().job_cache_seconds, load=_read_job_answer)
+    answer = await cache.read_batched(job_id, ttl=get_settings().job_cache_seconds, load_many=_read_job_answers)
     if answer is None or answer.owner != owner:
         raise _not_found(job_id)
     return Response(answer.body, media_type="application/json")

@@ -23,6 +23,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from api.jobs_service import create_job, deployment_hardware, get_job
+from api.model_sources import ModelNotNamed, base_model_of, fine_tuned_model_name, model_source
 from api.v1.errors import OpenAIRequestError
 from api.v1.files_service import get_file
 from api.v1.fine_tuning_objects import (
@@ -54,6 +55,7 @@ from api.v1.pages import past_cursor
 from shared.data.uploaded_files import check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
+from shared.jobs.model_source import checkpoint_name, names_a_job
 from shared.jobs.spec import JobCreate, TrainingOptions
 from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError, local_model_config
@@ -193,6 +195,18 @@ def _check_method_takes(file: File, param: str) -> None:
         )
 
 
+def _base_model(session: Session, model: str, owner: str) -> str:
+    """The base model ``model`` starts from: itself, or where the chain of jobs whose output it
+    names (an ``ft:`` name, ``job:<id>``) started. Raises FineTuningRequestError for such a name
+    that names nothing the owner may continue from."""
+    if not names_a_job(model):
+        return model
+    try:
+        return model_source(session=session, model=model, owner=owner).base_model
+    except ModelNotNamed as e:
+        raise FineTuningRequestError(str(e), param="model") from None
+
+
 def _gpus_per_job(*, session: Session, settings: Settings) -> int:
     """The GPUs an OpenAI-style job may spread its batch over: the largest live worker's. One
     on CPU workers, whose "devices" are cores: ranks there share the host's memory and cores,
@@ -245,7 +259,7 @@ def create_fine_tuning_job(
     except HyperparameterError as e:
         raise FineTuningRequestError(str(e), param=e.param) from None
     layout = batch_layout(resolved.batch_size, devices=_gpus_per_job(session=session, settings=settings))
-    base_rate = pretraining_learning_rate(local_model_config(request.model))
+    base_rate = pretraining_learning_rate(local_model_config(_base_model(session, request.model, owner)))
     seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
     steps_per_epoch = max(1, examples // resolved.batch_size)
     job_in = JobCreate(
@@ -323,14 +337,6 @@ def fine_tuning_status(job: Job) -> FineTuningStatus:
     return status  # type: ignore[return-value]
 
 
-def fine_tuned_model_name(job: Job) -> str:
-    """``ft:<base model>:<owner>:<suffix>:<job>``, OpenAI's form. A local model directory is
-    named by its last part."""
-    base = job.model.rstrip("/").rsplit("/", 1)[-1] if job.model.startswith("/") else job.model
-    suffix = (job.fine_tuning or {}).get("suffix") or ""
-    return f"ft:{base}:{job.owner}:{suffix}:{job.id.hex[:12]}"
-
-
 def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
     """As resolved at creation; for a native job, read back from its training options."""
     if job.fine_tuning is not None:
@@ -340,7 +346,7 @@ def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
     batch = config.get("train_batch_size")
     if not isinstance(batch, int):
         batch = training.micro_batch_size * training.gradient_accumulation_steps * job.num_gpus * job.num_nodes
-    multiplier = training.learning_rate / _model_learning_rate(job.model, lora=training.lora is not None)
+    multiplier = training.learning_rate / _model_learning_rate(base_model_of(job), lora=training.lora is not None)
     return ResolvedHyperparameters(
         n_epochs=training.epochs, batch_size=batch, learning_rate_multiplier=round(multiplier, 6)
     )
@@ -533,7 +539,7 @@ def list_fine_tuning_checkpoints(
                 id=f"{CHECKPOINT_ID_PREFIX}{checkpoint.id}",
                 created_at=unix_seconds(checkpoint.created_at) or 0,
                 fine_tuning_job_id=public_job_id(job.id),
-                fine_tuned_model_checkpoint=f"{name}:ckpt-step-{checkpoint.step}",
+                fine_tuned_model_checkpoint=checkpoint_name(name, checkpoint.step),
                 step_number=checkpoint.step,
                 metrics=CheckpointMetrics(
                     step=checkpoint.step,

@@ -47,6 +47,9 @@ class Job(SQLModel, table=True):
     validation_dataset: str | None = None
     # Another job's DeepSpeed checkpoint this job starts from: {"job_id", "step"}.
     resume_from: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # What ``model`` names when it is another job's output (job:<id>, an ft: name), as resolved at
+    # submit: shared.jobs.model_source.ModelSource. None for a base model.
+    model_source: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # What the validation pass found: {"train": DatasetStats, "validation": DatasetStats | None}.
     dataset_stats: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     deepspeed_config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
@@ -366,6 +369,9 @@ class JobPublic(SQLModel):
     dataset: str
     validation_dataset: str | None
     resume_from: dict[str, Any] | None
+    # Where a model naming another job's output (job:<id>, an ft: name) was resolved to: that job,
+    # its output's kind (model, adapter or deepspeed), step and the base model it started from.
+    model_source: dict[str, Any] | None
     dataset_stats: dict[str, Any] | None
     deepspeed_config: dict[str, Any]
     deepspeed_config_chosen: bool

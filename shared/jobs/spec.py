@@ -185,7 +185,9 @@ class JobCreate(BaseModel):
     model: str = Field(
         min_length=1,
         max_length=1000,
-        description="A hub id like 'EleutherAI/gpt-neo-2.7B', or an absolute path to a local model directory.",
+        description="A hub id like 'EleutherAI/gpt-neo-2.7B', an absolute path to a local model directory, or "
+        "another job's output to continue from: job:<id> (its exported model), job:<id>@step-<n> (its DeepSpeed "
+        "checkpoint at step n), or an ft: name as /v1 gives it (fine_tuned_model, fine_tuned_model_checkpoint).",
     )
     revision: str | None = Field(
         default=None,

@@ -21,6 +21,7 @@ from shared.deepspeed.config import DeepSpeedConfigError, missing_packages, reso
 from shared.deepspeed.safety import sanitize_deepspeed_config
 from shared.jobs.attention import submit_attention_problem
 from shared.jobs.hardware import Hardware, hardware_problems
+from shared.jobs.model_source import names_a_job
 from shared.jobs.spec import JobCreate, TrainingOptions, max_positions_of
 from shared.settings import Settings
 
@@ -84,6 +85,23 @@ def check_model(value: str, settings: Settings) -> None:
             f"model directory '{value}' has no .safetensors weights: tuneq loads safetensors only "
             "(save with save_pretrained(..., safe_serialization=True))"
         )
+
+
+def base_model_problems(job_in: JobCreate, settings: Settings) -> list[Problem]:
+    """What is wrong with ``model`` and ``revision`` naming a base model."""
+    problems = []
+    try:
+        check_model(job_in.model, settings)
+    except ValueError as e:
+        problems.append(Problem(("body", "model"), str(e)))
+    if job_in.revision is not None and is_local_reference(job_in.model):
+        problems.append(
+            Problem(
+                ("body", "revision"),
+                "revision applies to hub models only; a local directory is used as it is: drop revision",
+            )
+        )
+    return problems
 
 
 def check_dataset(value: str, settings: Settings) -> Path | None:
@@ -190,21 +208,24 @@ class ValidatedRequest:
     deepspeed_config_chosen: bool
 
 
-def validate_job_request(job_in: JobCreate, *, settings: Settings, hardware: Hardware | None) -> ValidatedRequest:
-    """Raise JobValidationError with every problem found; else what submit settled."""
+def validate_job_request(
+    job_in: JobCreate,
+    *,
+    settings: Settings,
+    hardware: Hardware | None,
+    source_config: dict[str, Any] | None = None,
+) -> ValidatedRequest:
+    """Raise JobValidationError with every problem found; else what submit settled.
+
+    A ``model`` naming another job's output (``job:<id>``, an ``ft:`` name) is the API's to check
+    against the database (``api.model_sources``), which gives that model's config.json here as
+    ``source_config`` (None when not known, as for a hub model)."""
     problems: list[Problem] = []
-    try:
-        check_model(job_in.model, settings)
-    except ValueError as e:
-        problems.append(Problem(("body", "model"), str(e)))
-    if job_in.revision is not None and is_local_reference(job_in.model):
-        problems.append(
-            Problem(
-                ("body", "revision"),
-                "revision applies to hub models only; a local directory is used as it is: drop revision",
-            )
-        )
-    model_config = local_model_config(job_in.model)  # read once: limits and "auto" values
+    if names_a_job(job_in.model):
+        model_config = source_config
+    else:
+        problems += base_model_problems(job_in, settings)
+        model_config = local_model_config(job_in.model)  # read once: limits and "auto" values
     training = job_in.training
     try:
         training = settled_training(job_in, model_config)

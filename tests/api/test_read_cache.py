@@ -220,3 +220,163 @@ def test_past_max_jobs_expired_answers_go_before_live_ones() -> None:
 
     run(scenario())
     assert database.reads == 3 and len(cache) == 2
+
+
+class Batches:
+    """A stand-in for the batched read: records each batch of keys, can be held until released."""
+
+    def __init__(self, clock: Clock | None = None, *, read_takes: float = 0.0) -> None:
+        self.batches: list[list[uuid.UUID]] = []
+        self.missing: set[uuid.UUID] = set()
+        self.fails_batch = 0  # the number of the batch that fails, 0 for none
+        self.release = threading.Event()
+        self.release.set()
+        self._clock = clock
+        self._read_takes = read_takes
+
+    def __call__(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobAnswer]:
+        assert self.release.wait(timeout=30)
+        self.batches.append(job_ids)
+        if self._clock is not None:
+            self._clock.now += self._read_takes
+        read = len(self.batches)
+        if read == self.fails_batch:
+            raise RuntimeError("the database went away")
+        body = f'{{"read":{read}}}'.encode()
+        return {j: JobAnswer(owner="alice", body=body) for j in job_ids if j not in self.missing}
+
+
+def test_jobs_that_miss_together_are_read_in_one_batch() -> None:
+    cache, database = JobCache(), Batches()
+    jobs = [uuid.uuid4() for _ in range(3)]
+
+    async def scenario() -> list[JobAnswer | None]:
+        # Two requests for the first job: it is read once, in the batch with the others.
+        reads = [cache.read_batched(j, ttl=60.0, load_many=database) for j in [jobs[0], *jobs]]
+        return await asyncio.gather(*reads)
+
+    answers = run(scenario())
+    assert database.batches == [jobs]
+    assert [a.body if a else None for a in answers] == [b'{"read":1}'] * 4
+    assert len(cache) == 3
+
+
+def test_jobs_that_miss_during_a_batch_are_read_in_the_next_one() -> None:
+    cache, database = JobCache(), Batches()
+    first, second, third = (uuid.uuid4() for _ in range(3))
+    database.release.clear()
+
+    async def scenario() -> list[JobAnswer | None]:
+        reading = asyncio.ensure_future(cache.read_batched(first, ttl=60.0, load_many=database))
+        await asyncio.sleep(0.05)  # the first batch is in the thread pool, held
+        later = [asyncio.ensure_future(cache.read_batched(j, ttl=60.0, load_many=database)) for j in (second, third)]
+        shared = asyncio.ensure_future(cache.read_batched(first, ttl=60.0, load_many=database))
+        await asyncio.sleep(0)
+        database.release.set()
+        return await asyncio.gather(reading, shared, *later)
+
+    answers = run(scenario())
+    assert database.batches == [[first], [second, third]]
+    assert [a.body if a else None for a in answers] == [b'{"read":1}', b'{"read":1}', b'{"read":2}', b'{"read":2}']
+
+
+def test_a_batched_answer_is_kept_for_ttl_seconds_from_the_start_of_its_batch() -> None:
+    clock = Clock()
+    cache, database = JobCache(clock=clock), Batches(clock, read_takes=0.6)
+
+    async def scenario() -> None:
+        await cache.read_batched(JOB, ttl=1.0, load_many=database)
+        clock.now += 0.3
+        await cache.read_batched(JOB, ttl=1.0, load_many=database)
+        assert len(database.batches) == 1
+        clock.now += 0.2
+        await cache.read_batched(JOB, ttl=1.0, load_many=database)
+
+    run(scenario())
+    assert len(database.batches) == 2
+
+
+def test_a_job_a_batch_does_not_find_is_none_and_not_kept() -> None:
+    cache, database = JobCache(), Batches()
+    gone, there = uuid.uuid4(), uuid.uuid4()
+    database.missing.add(gone)
+
+    async def scenario() -> list[JobAnswer | None]:
+        return await asyncio.gather(*(cache.read_batched(j, ttl=60.0, load_many=database) for j in (gone, there)))
+
+    missing, found = run(scenario())
+    assert missing is None and found is not None
+    assert len(cache) == 1
+    database.missing.clear()  # created a moment later: found at once
+    assert run(cache.read_batched(gone, ttl=60.0, load_many=database)) is not None
+
+
+def test_a_batched_read_in_flight_when_the_job_changed_here_is_not_kept() -> None:
+    cache, database = JobCache(), Batches()
+    database.release.clear()
+
+    async def scenario() -> None:
+        before = asyncio.ensure_future(cache.read_batched(JOB, ttl=60.0, load_many=database))
+        await asyncio.sleep(0.05)  # in the thread pool: it may have read the job before the change
+        cache.forget(JOB)
+        database.release.set()
+        assert (await before) is not None
+        after = await cache.read_batched(JOB, ttl=60.0, load_many=database)
+        assert after is not None and after.body == b'{"read":2}'
+
+    run(scenario())
+    assert len(database.batches) == 2
+
+
+def test_a_job_changed_here_before_its_batch_started_is_read_after_the_change_and_kept() -> None:
+    cache, database = JobCache(), Batches()
+    other = uuid.uuid4()
+    database.release.clear()
+
+    async def scenario() -> None:
+        running = asyncio.ensure_future(cache.read_batched(other, ttl=60.0, load_many=database))
+        await asyncio.sleep(0.05)  # the first batch is held: JOB waits for the next one
+        waiting = asyncio.ensure_future(cache.read_batched(JOB, ttl=60.0, load_many=database))
+        await asyncio.sleep(0)
+        cache.forget(JOB)
+        also = asyncio.ensure_future(cache.read_batched(JOB, ttl=60.0, load_many=database))
+        database.release.set()
+        assert await asyncio.gather(running, waiting, also)
+        kept = await cache.read_batched(JOB, ttl=60.0, load_many=database)
+        assert kept is not None and kept.body == b'{"read":2}'
+
+    run(scenario())
+    assert database.batches == [[other], [JOB]]
+
+
+def test_a_failed_batch_reaches_its_requests_and_is_not_kept_while_the_next_batch_reads() -> None:
+    cache, database = JobCache(), Batches()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    database.release.clear()
+    database.fails_batch = 1
+
+    async def scenario() -> list[Any]:
+        failing = [asyncio.ensure_future(cache.read_batched(first, ttl=60.0, load_many=database)) for _ in range(2)]
+        await asyncio.sleep(0.05)  # the first batch is held: the second job waits for the next one
+        later = asyncio.ensure_future(cache.read_batched(second, ttl=60.0, load_many=database))
+        await asyncio.sleep(0)
+        database.release.set()
+        return await asyncio.gather(*failing, later, return_exceptions=True)
+
+    *failed, answer = run(scenario())
+    assert [str(e) for e in failed] == ["the database went away"] * 2
+    assert isinstance(answer, JobAnswer) and answer.body == b'{"read":2}'
+    assert len(cache) == 1
+    assert run(cache.read_batched(first, ttl=60.0, load_many=database)) is not None
+    assert database.batches == [[first], [second], [first]]
+
+
+def test_batched_ttl_zero_reads_every_time() -> None:
+    cache, database = JobCache(), Batches()
+
+    async def scenario() -> None:
+        for _ in range(3):
+            assert await cache.read_batched(JOB, ttl=0.0, load_many=database) is not None
+
+    run(scenario())
+    assert database.batches == [[JOB]] * 3 and len(cache) == 0

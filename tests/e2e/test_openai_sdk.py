@@ -241,3 +241,56 @@ def test_the_sdk_pauses_a_running_job_and_resumes_it_from_its_checkpoint(
     steps = [e.data["step"] for e in events if e.type == "metrics"]  # type: ignore[index]
     assert sorted(steps) == list(range(1, 81))  # every step once: none repeated after the resume
     assert any(e.message == f"Resumed from the checkpoint at step {paused_at}" for e in events)
+
+
+def first_train_loss(client: OpenAI, job_id: str) -> float:
+    (step_1,) = [e for e in events_of(client, job_id) if e.type == "metrics" and e.data["step"] == 1]  # type: ignore[index]
+    return float(step_1.data["train_loss"])  # type: ignore[index]
+
+
+def test_the_sdk_continues_from_a_fine_tuned_model_and_from_a_checkpoint(
+    alice: OpenAI, bob: OpenAI, service: Tuneq, tmp_path: Path
+) -> None:
+    with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
+        file = alice.files.create(file=f, purpose="fine-tune")
+    hyperparameters = {"n_epochs": 2, "batch_size": 2, "learning_rate_multiplier": 10}
+    first = alice.fine_tuning.jobs.create(
+        model=str(service.home / "data" / "tiny-gpt-neo"),
+        training_file=file.id,
+        suffix="first",
+        method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
+    )
+    assert follow(alice, first.id)[-1] == "succeeded", service.log_tail()
+    fine_tuned = alice.fine_tuning.jobs.retrieve(first.id).fine_tuned_model
+    assert fine_tuned is not None
+
+    # The fine-tuned model as the next job's base, as OpenAI's users name it.
+    second = alice.fine_tuning.jobs.create(
+        model=fine_tuned, training_file=file.id, suffix="second", hyperparameters={"n_epochs": 1, "batch_size": 2}
+    )
+    assert second.model == fine_tuned
+    assert follow(alice, second.id)[-1] == "succeeded", service.log_tail()
+    done = alice.fine_tuning.jobs.retrieve(second.id)
+    # Named after the base model, as OpenAI names a model fine-tuned from a fine-tuned one.
+    assert done.fine_tuned_model is not None and done.fine_tuned_model.startswith("ft:tiny-gpt-neo:alice:second:")
+    # It starts from the trained weights: its first loss is below the first job's first.
+    assert first_train_loss(alice, second.id) < first_train_loss(alice, first.id)
+
+    # A checkpoint, by its fine_tuned_model_checkpoint: a model to retrieve and to continue from.
+    (_, earliest) = alice.fine_tuning.jobs.checkpoints.list(first.id)
+    checkpoint = earliest.fine_tuned_model_checkpoint
+    assert checkpoint == f"{fine_tuned}:ckpt-step-4"
+    assert alice.models.retrieve(checkpoint).id == checkpoint
+    third = alice.fine_tuning.jobs.create(model=checkpoint, training_file=file.id, hyperparameters={"n_epochs": 1})
+    assert follow(alice, third.id)[-1] == "succeeded", service.log_tail()
+
+    # Bob can neither see alice's models nor continue from them: OpenAI's 400 naming model.
+    with chat_file(tmp_path / "bobs.jsonl").open("rb") as f:
+        bobs_file = bob.files.create(file=f, purpose="fine-tune")
+    for name in (fine_tuned, checkpoint):
+        with pytest.raises(openai.BadRequestError) as refused:
+            bob.fine_tuning.jobs.create(model=name, training_file=bobs_file.id)
+        assert refused.value.param == "model" and "not found: name one of yours" in refused.value.message
+        with pytest.raises(openai.NotFoundError):
+            bob.models.retrieve(name)
+    assert bob.fine_tuning.jobs.list().data == []
