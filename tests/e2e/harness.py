@@ -16,6 +16,7 @@ import httpx
 import psutil
 from sqlalchemy import create_engine, text
 
+from cli.samples import seed_config
 from shared.jobs.status import TERMINAL_STATUSES
 from shared.ports import free_port
 from worker.warm_start import ZYGOTE_MODULE
@@ -220,6 +221,22 @@ def job_body(home: Path, dataset: str, **fields: Any) -> dict[str, Any]:
     ``dataset``: a file under ``home/data``, or a URL; ``fields``: the rest of the spec."""
     location = dataset if "://" in dataset else str(home / "data" / dataset)
     return {"model": str(home / "data" / "tiny-gpt-neo"), "dataset": location, **fields}
+
+
+def repeated_job_body(home: Path, **fields: Any) -> dict[str, Any]:
+    """A short job that learns fast (lr 1e-2 on ``data/repeated.jsonl``, one record repeated, which
+    the module writes): its loss falls step after step, so a job continued from another's output
+    shows where it started. ``fields``: the rest of the spec, or what replaces these."""
+    config = seed_config(fp16=False, train_batch_size=2, lr=1e-2)
+    training = {"max_steps": 4, "max_seq_length": 64}
+    return job_body(home, "repeated.jsonl", deepspeed_config=config, training=training) | fields
+
+
+def succeeded_with_losses(tuneq: Tuneq, request: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:
+    """Submit ``request``, wait for it to succeed, and return the job with its loss at each step."""
+    job = tuneq.wait(tuneq.submit(request)["id"], timeout=300)
+    assert job["status"] == "succeeded", f"{job['error']}\n{tuneq.log_tail()}"
+    return job, [m["loss"] for m in tuneq.get(f"/jobs/{job['id']}/metrics")["data"]]
 
 
 def wait_until(predicate: Any, *, timeout: float, what: str, tuneq: Tuneq) -> Any:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from cli.samples import seed_config, write_text_dataset
+from cli.samples import write_text_dataset
 
-from .harness import Tuneq, job_body
+from .harness import Tuneq, repeated_job_body, succeeded_with_losses
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +24,6 @@ pytestmark = pytest.mark.slow
 def home(home: Path) -> Path:
     write_text_dataset(home / "data" / "repeated.jsonl", records=96, vary=False)
     return home
-
-
-def body(home: Path, **fields: Any) -> dict[str, Any]:
-    config = seed_config(fp16=False, train_batch_size=2, lr=1e-2)
-    training = {"max_steps": 4, "max_seq_length": 64}
-    return job_body(home, "repeated.jsonl", deepspeed_config=config, training=training) | fields
-
-
-def run(service: Tuneq, request: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:
-    job = service.wait(service.submit(request)["id"], timeout=300)
-    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
-    return job, [m["loss"] for m in service.get(f"/jobs/{job['id']}/metrics")["data"]]
 
 
 def continues(first: list[float], then: list[float]) -> bool:
@@ -48,7 +36,7 @@ def continues(first: list[float], then: list[float]) -> bool:
 def sft(service: Tuneq, home: Path) -> tuple[dict[str, Any], list[float]]:
     """A supervised fine-tune of the tiny model that learns: its loss halves."""
     training = {"max_steps": 20, "max_seq_length": 64, "checkpoint_every_steps": 10}
-    job, losses = run(service, body(home, training=training))
+    job, losses = succeeded_with_losses(service, repeated_job_body(home, training=training))
     assert losses[-1] < 0.5 * losses[0]
     return job, losses
 
@@ -57,7 +45,7 @@ def test_sft_then_sft_on_its_exported_model(
     service: Tuneq, home: Path, sft: tuple[dict[str, Any], list[float]]
 ) -> None:
     first, losses = sft
-    second, then = run(service, body(home, model=f"job:{first['id']}"))
+    second, then = succeeded_with_losses(service, repeated_job_body(home, model=f"job:{first['id']}"))
     assert second["model_source"] == {
         "job_id": first["id"],
         "kind": "model",
@@ -66,7 +54,7 @@ def test_sft_then_sft_on_its_exported_model(
     }
     assert continues(losses, then), (losses, then)
     # Its own export is a whole model again, which a third job continues from in turn.
-    third, after = run(service, body(home, model=f"job:{second['id']}"))
+    third, after = succeeded_with_losses(service, repeated_job_body(home, model=f"job:{second['id']}"))
     assert third["model_source"]["base_model"] == str(home / "data" / "tiny-gpt-neo")
     assert continues(losses, after), (losses, after)
 
@@ -75,7 +63,7 @@ def test_a_checkpoint_of_a_job_is_a_model_to_continue_from(
     service: Tuneq, home: Path, sft: tuple[dict[str, Any], list[float]]
 ) -> None:
     first, losses = sft
-    job, then = run(service, body(home, model=f"job:{first['id']}@step-10"))
+    job, then = succeeded_with_losses(service, repeated_job_body(home, model=f"job:{first['id']}@step-10"))
     assert job["model_source"]["kind"] == "deepspeed" and job["model_source"]["step"] == 10
     assert continues(losses, then), (losses, then)
     converted = Path(service.home) / "cache" / "base-models" / first["id"] / "deepspeed-step-10"
@@ -84,30 +72,35 @@ def test_a_checkpoint_of_a_job_is_a_model_to_continue_from(
 
 def test_a_lora_jobs_adapter_is_merged_into_its_base_and_continued_from(service: Tuneq, home: Path) -> None:
     training = {"max_steps": 20, "max_seq_length": 64, "lora": {"r": 8, "alpha": 32}}
-    lora, losses = run(service, body(home, training=training))
+    lora, losses = succeeded_with_losses(service, repeated_job_body(home, training=training))
     assert losses[-1] < 0.9 * losses[0], losses
     # A full fine-tune of the merged model, and LoRA adapters of its own on it.
-    full, then = run(service, body(home, model=f"job:{lora['id']}"))
+    full, then = succeeded_with_losses(service, repeated_job_body(home, model=f"job:{lora['id']}"))
     assert full["model_source"]["kind"] == "adapter"
     assert continues(losses, then), (losses, then)
-    _, after = run(service, body(home, model=f"job:{lora['id']}", training=training | {"max_steps": 4}))
+    _, after = succeeded_with_losses(
+        service, repeated_job_body(home, model=f"job:{lora['id']}", training=training | {"max_steps": 4})
+    )
     assert continues(losses, after), (losses, after)
     merged = Path(service.home) / "cache" / "base-models" / lora["id"] / "adapter-step-20"
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
     # Planned from the adapter's tokenizer and its base's config, fetched without the weights.
-    planned = service.client.post("/jobs/plan", json=body(home, model=f"job:{lora['id']}"))
+    planned = service.client.post("/jobs/plan", json=repeated_job_body(home, model=f"job:{lora['id']}"))
     assert planned.status_code == 200, planned.text
-    assert planned.json()["parameters"] == service.client.post("/jobs/plan", json=body(home)).json()["parameters"]
+    assert (
+        planned.json()["parameters"]
+        == service.client.post("/jobs/plan", json=repeated_job_body(home)).json()["parameters"]
+    )
 
 
 def test_a_job_on_an_output_is_checked_at_submit_and_planned(
     service: Tuneq, home: Path, sft: tuple[dict[str, Any], list[float]]
 ) -> None:
     first, _ = sft
-    refused = service.client.post("/jobs", json=body(home, model=f"job:{first['id']}@step-15"))
+    refused = service.client.post("/jobs", json=repeated_job_body(home, model=f"job:{first['id']}@step-15"))
     assert refused.status_code == 422, refused.text
     problem = refused.json()["detail"][0]
     assert problem["loc"] == ["body", "model"] and "(it has 10, 20)" in problem["msg"]
-    planned = service.client.post("/jobs/plan", json=body(home, model=f"job:{first['id']}"))
+    planned = service.client.post("/jobs/plan", json=repeated_job_body(home, model=f"job:{first['id']}"))
     assert planned.status_code == 200, planned.text
     assert planned.json()["total_steps"] == 4

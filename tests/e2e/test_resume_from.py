@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, write_text_dataset
 
-from .harness import Tuneq, job_body
+from .harness import Tuneq, repeated_job_body, succeeded_with_losses
 
 pytestmark = pytest.mark.slow
 
@@ -21,22 +21,10 @@ def home(home: Path) -> Path:
     return home
 
 
-def body(home: Path, **fields: Any) -> dict[str, Any]:
-    config = seed_config(fp16=False, train_batch_size=2, lr=1e-2)
-    training = {"max_steps": 4, "max_seq_length": 64}
-    return job_body(home, "repeated.jsonl", deepspeed_config=config, training=training) | fields
-
-
-def run(service: Tuneq, request: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:
-    job = service.wait(service.submit(request)["id"], timeout=300)
-    assert job["status"] == "succeeded", f"{job['error']}\n{service.log_tail()}"
-    return job, [m["loss"] for m in service.get(f"/jobs/{job['id']}/metrics")["data"]]
-
-
 @pytest.fixture(scope="module")
 def source(service: Tuneq, home: Path) -> tuple[dict[str, Any], list[float]]:
     training = {"epochs": 3, "max_steps": 20, "max_seq_length": 64, "checkpoint_every_steps": 10}
-    return run(service, body(home, training=training))
+    return succeeded_with_losses(service, repeated_job_body(home, training=training))
 
 
 @pytest.mark.parametrize("num_gpus", [2, 1], ids=["other-rank-count-universal", "same-rank-count"])
@@ -45,7 +33,9 @@ def test_a_new_job_starts_from_the_weights_of_another(
 ) -> None:
     job_a, losses_a = source
     assert losses_a[-1] < 0.5 * losses_a[0]
-    job_b, losses_b = run(service, body(home, num_gpus=num_gpus, resume_from={"job_id": job_a["id"]}))
+    job_b, losses_b = succeeded_with_losses(
+        service, repeated_job_body(home, num_gpus=num_gpus, resume_from={"job_id": job_a["id"]})
+    )
     assert job_b["resume_from"] == {"job_id": job_a["id"], "step": 20}  # the newest checkpoint, pinned
     # It continues from the trained weights: its first loss is near A's last, far below A's first.
     assert losses_b[0] < (losses_a[0] + losses_a[-1]) / 2, (losses_a, losses_b)
@@ -61,7 +51,7 @@ def test_resume_from_is_checked_at_submit(
     job_a, _ = source
 
     def problems(**fields: Any) -> dict[str, str]:
-        answer = service.client.post("/jobs", json=body(home, **fields))
+        answer = service.client.post("/jobs", json=repeated_job_body(home, **fields))
         assert answer.status_code == 422, answer.text
         return {".".join(map(str, p["loc"])): p["msg"] for p in answer.json()["detail"]}
 
