@@ -524,6 +524,26 @@ def run_node(
             finish_node(session=session, job_id=job.id, attempt=attempt, node_rank=node_rank, worker_id=worker_id)
 
 
+def _worker_checks(
+    job: Job, *, layout: RunLayout, launcher: Launcher
+) -> tuple[dict[str, Any], tuple[ErrorCode, str] | None]:
+    """The DeepSpeed config as it will run here, and why this worker cannot run the job, if it
+    cannot. The API checked the same in its own environment; this worker's image and hardware
+    may differ."""
+    config, unsafe = sanitize_deepspeed_config(
+        job.resolved_deepspeed_config or job.deepspeed_config, run_dir=str(layout.root)
+    )
+    missing = missing_packages(config)
+    if problem := "; ".join([u.message for u in unsafe] + [m.message for m in missing]):
+        return config, (ErrorCode.invalid_input, problem)
+    hardware = hardware_problems(
+        num_gpus=job.num_gpus, deepspeed_config=config, hardware=launcher.hardware, whose="this worker"
+    )
+    if problem := "; ".join(p.message for p in hardware):
+        return config, (ErrorCode.unsupported_hardware, problem)
+    return config, None
+
+
 def _run_attempt(
     job: Job,
     *,
@@ -535,26 +555,11 @@ def _run_attempt(
 ) -> None:
     """One claimed attempt (or one node of it), from the worker's own checks to the outcome."""
     job_id = job.id
-    with session_scope() as session:
-        layout = RunLayout.for_job(settings, job.id)
-        config, unsafe = sanitize_deepspeed_config(
-            job.resolved_deepspeed_config or job.deepspeed_config, run_dir=str(layout.root)
-        )
-        # The API checked these in its own environment; this worker's image may differ.
-        missing = missing_packages(config)
-        code = ErrorCode.invalid_input
-        problem = "; ".join([u.message for u in unsafe] + [m.message for m in missing])
-        if not problem:
-            code = ErrorCode.unsupported_hardware
-            problem = "; ".join(
-                p.message
-                for p in hardware_problems(
-                    num_gpus=job.num_gpus, deepspeed_config=config, hardware=launcher.hardware, whose="this worker"
-                )
-            )
-        if problem:
-            finish_job(session=session, job_id=job_id, status=JobStatus.failed, error_code=code, error_message=problem)
-            return
+    layout = RunLayout.for_job(settings, job.id)
+    config, refusal = _worker_checks(job, layout=layout, launcher=launcher)
+    if refusal is not None:
+        _finish(job_id, JobStatus.failed, *refusal)
+        return
     # A SIGTERM is only noted (the handler sets ``stopping``; nothing in this process waits on
     # that event, so setting it from a handler cannot block): the attempt acts on it at its
     # own check points, and hands the job back.
@@ -777,26 +782,7 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
             if process.returncode == 0:
                 ending = _clean_exit(attempt)
             else:
-                log_text = read_from(layout.log, log_start)
-                killed = killed_rank(log_text, killed_by_tuneq=process.killed_pids)
-                code, message = failure_from_ranks(layout, killed=killed)
-                full_disk = full_disk_failure(  # before the cleanup below frees what the save took
-                    settings,
-                    evidence=[log_text, *(e.message for e in rank_errors(layout))],
-                    unfinished_save=bool(layout.incomplete_saves()),
-                )
-                if (host_problem := host_failure(killed=killed, full_disk=full_disk)) is not None:
-                    ending = Ending(JobStatus.queued, ErrorCode.host_error, host_problem)
-                    logger.warning("job %s attempt %d: %s", job_id, attempt.number, host_problem)
-                elif attempt.node is not None and code != ErrorCode.invalid_input:
-                    # Any node's failure is the gang's: a rank that lost a peer fails as well, so
-                    # which node failed first is not known here. The whole job goes back to the queue.
-                    message = f"node {attempt.placement.node_rank} (worker {attempt.worker_id}): {message}"
-                    ending = Ending(JobStatus.queued, code, message)
-                    logger.warning("job %s attempt %d: %s", job_id, attempt.number, message)
-                else:
-                    ending = Ending(JobStatus.failed, code, message)
-                    logger.warning("job %s failed (exit %s): %s", job_id, process.returncode, message)
+                ending, full_disk = _failed_ranks_ending(attempt, process, log_start=log_start, settings=settings)
         for removed in layout.remove_incomplete_saves():  # the ranks are gone: nothing finishes these
             logger.info("job %s: removed %s, a save that never finished", job_id, removed)
         _record_outcome(attempt, ingestor, publisher, ending, outage, lease=lease, settings=settings)
@@ -826,6 +812,34 @@ def _supervise(attempt: Attempt, *, settings: Settings, launcher: Launcher, leas
                 error_code=ErrorCode.internal_error,
                 error_message="tuneq failed while running this job; the worker log has the details",
             )
+
+
+def _failed_ranks_ending(
+    attempt: Attempt, process: RankGroup, *, log_start: int, settings: Settings
+) -> tuple[Ending, str | None]:
+    """How an attempt whose ranks exited non-zero ends, and why the disk was full if it was:
+    the host's failure (a rank the kernel killed, a full disk: requeued), a gang's (requeued),
+    or the job's own. Judged before the cleanup frees what an unfinished save took."""
+    layout = attempt.layout
+    log_text = read_from(layout.log, log_start)
+    killed = killed_rank(log_text, killed_by_tuneq=process.killed_pids)
+    code, message = failure_from_ranks(layout, killed=killed)
+    full_disk = full_disk_failure(
+        settings,
+        evidence=[log_text, *(e.message for e in rank_errors(layout))],
+        unfinished_save=bool(layout.incomplete_saves()),
+    )
+    if (host_problem := host_failure(killed=killed, full_disk=full_disk)) is not None:
+        logger.warning("job %s attempt %d: %s", attempt.job_id, attempt.number, host_problem)
+        return Ending(JobStatus.queued, ErrorCode.host_error, host_problem), full_disk
+    if attempt.node is not None and code != ErrorCode.invalid_input:
+        # Any node's failure is the gang's: a rank that lost a peer fails as well, so which node
+        # failed first is not known here. The whole job goes back to the queue.
+        message = f"node {attempt.placement.node_rank} (worker {attempt.worker_id}): {message}"
+        logger.warning("job %s attempt %d: %s", attempt.job_id, attempt.number, message)
+        return Ending(JobStatus.queued, code, message), full_disk
+    logger.warning("job %s failed (exit %s): %s", attempt.job_id, process.returncode, message)
+    return Ending(JobStatus.failed, code, message), full_disk
 
 
 def _record_outcome(
