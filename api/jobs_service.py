@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 
 from api.model_sources import ResolvedModel, resolve_model
 from api.v1.files_service import get_file
+from shared.data.preference import supervised_refusal
 from shared.data.records import preference_refusal
 from shared.data.uploaded_files import is_file_id
 from shared.db.gangs import current_nodes, place_and_start
@@ -150,9 +151,12 @@ def resume_from_problems(*, session: Session, job_in: JobCreate, owner: str) -> 
 
 def uploaded_file_problems(*, session: Session, job_in: JobCreate, owner: str) -> list[Problem]:
     """A dataset given as an uploaded file's id (``file-...``) must be one of ``owner``'s files:
-    another owner's is not found, exactly like a missing one. And a file of OpenAI DPO records,
-    which ``/v1/files`` takes, is no dataset for a job, every one of which is supervised."""
+    another owner's is not found, exactly like a missing one. And it must hold what the job's
+    method trains on, as the check at upload found (``File.dataset_format``): OpenAI's DPO
+    records for a DPO job, its chat records (None: a file uploaded before tuneq took DPO files)
+    for a supervised one. Either refusal names the method, as a local file's does."""
     problems = []
+    dpo = job_in.training.method == "dpo"
     for field, value in (("dataset", job_in.dataset), ("validation_dataset", job_in.validation_dataset)):
         if value is None or not is_file_id(value):
             continue
@@ -161,7 +165,10 @@ def uploaded_file_problems(*, session: Session, job_in: JobCreate, owner: str) -
             problems.append(
                 Problem(("body", field), f"file {value} not found: upload it with POST /v1/files and give its id")
             )
-        elif file.dataset_format == "preference":
+        elif dpo and file.dataset_format != "preference":
+            evidence = "uploaded in OpenAI's chat format: messages"
+            problems.append(Problem(("body", field), supervised_refusal(f"file {value}", evidence)))
+        elif not dpo and file.dataset_format == "preference":
             evidence = "uploaded in OpenAI's DPO format: input, preferred_output, non_preferred_output"
             problems.append(Problem(("body", field), preference_refusal(f"file {value}", evidence)))
     return problems

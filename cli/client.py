@@ -484,6 +484,32 @@ def format_rate(rate: float | None) -> str:
     return f"{rate / 1000:.1f}k" if rate >= 10_000 else f"{rate:.0f}"
 
 
+# A DPO job's measures, as `show` prints them: (the key in the job's latest_metrics and in its
+# metric events, TRL's name). GET /jobs/{id}/metrics answers them under TRL's names.
+PREFERENCE_MEASURES = (
+    ("rewards_chosen", "rewards/chosen"),
+    ("rewards_rejected", "rewards/rejected"),
+    ("rewards_margins", "rewards/margins"),
+    ("rewards_accuracies", "rewards/accuracies"),
+    ("eval_rewards_accuracies", "eval_rewards/accuracies"),
+)
+PHASE_NAMES = {"reference_logps": "reference log-probabilities"}
+
+
+def format_measure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def phase_text(phase: dict[str, Any]) -> str:
+    """A phase report (work before the first step) as a line: its progress, or that it was
+    found computed."""
+    name = PHASE_NAMES.get(str(phase.get("name")), str(phase.get("name")))
+    total = phase.get("total")
+    if phase.get("cached"):
+        return f"{name}: found cached ({total} pairs)"
+    return f"{name}: {phase.get('done')}/{total} pairs"
+
+
 def _parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
@@ -506,6 +532,9 @@ class FollowState:
     loss: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: float | None = None
+    # A DPO job's: the share of pairs whose chosen answer has the higher reward, and the mean margin.
+    reward_accuracy: float | None = None
+    reward_margin: float | None = None
     error: dict[str, Any] | None = None
     _origin: tuple[int, datetime] | None = field(default=None, repr=False)
 
@@ -524,13 +553,21 @@ class FollowState:
         latest = job.get("latest_metrics") or {}
         self.loss = latest.get("loss", self.loss)
         self.tokens_per_second = latest.get("tokens_per_second", self.tokens_per_second)
+        self.reward_accuracy = latest.get("rewards_accuracies", self.reward_accuracy)
+        self.reward_margin = latest.get("rewards_margins", self.reward_margin)
 
     @property
     def progress_text(self) -> str:
         total = self.total_steps if self.total_steps is not None else "?"
-        return (
+        text = (
             f"step {self.step}/{total} loss {format_loss(self.loss)} "
             f"{format_rate(self.tokens_per_second)} tok/s eta {format_duration(self.eta_seconds)}"
+        )
+        if self.reward_accuracy is None and self.reward_margin is None:
+            return text
+        return (
+            f"{text} rewards/accuracies {format_measure(self.reward_accuracy)} "
+            f"rewards/margins {format_measure(self.reward_margin)}"
         )
 
     def apply(self, event: JobEvent) -> str | None:
@@ -564,6 +601,8 @@ class FollowState:
             return f"resumed from step {data.get('from_step')} (attempt {data.get('attempt')})"
         if event.type == "warning":
             return f"warning: {data.get('message')}"
+        if event.type == "phase":
+            return phase_text(data)
         if event.type == "download":
             done, total = data.get("bytes_done") or 0, data.get("bytes_total")
             of = f"/{total / 1e6:.1f}" if total else ""
@@ -578,6 +617,10 @@ class FollowState:
             self.loss = float(data["loss"])
         if data.get("tokens_per_second") is not None:
             self.tokens_per_second = float(data["tokens_per_second"])
+        if data.get("rewards_accuracies") is not None:
+            self.reward_accuracy = float(data["rewards_accuracies"])
+        if data.get("rewards_margins") is not None:
+            self.reward_margin = float(data["rewards_margins"])
         when = _parse_time(data.get("time"))
         if when is None:
             return
@@ -1150,8 +1193,12 @@ def describe_job(job: dict[str, Any], checkpoints: list[dict[str, Any]] | None =
         ("started", _short_time(job.get("started_at"))),
         ("finished", _short_time(job.get("finished_at"))),
         ("progress", f"step {job.get('step', 0)}/{total if total is not None else '?'}{epoch_text}"),
+        # Work before the first step (a DPO job's reference log-probabilities); an older server sends none.
+        *([("phase", phase_text(job["phase"]))] if job.get("phase") else []),
         ("tokens seen", str(job.get("tokens_seen", 0))),
         ("loss", format_loss(latest.get("loss"))),
+        # A DPO job's measures, those its last step reported.
+        *((label, format_measure(latest[key])) for key, label in PREFERENCE_MEASURES if latest.get(key) is not None),
         ("tokens/s", format_rate(latest.get("tokens_per_second"))),
         ("eta", format_duration(job.get("eta_seconds")) if job.get("eta_seconds") is not None else "-"),
         ("attempts", attempts_text(job)),

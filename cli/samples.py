@@ -108,6 +108,48 @@ def write_messages_dataset(path: Path, *, records: int = 64, seed: int = 0) -> P
     return path
 
 
+def write_preference_dataset(path: Path, *, records: int = 64, seed: int = 0, shape: str = "trl") -> Path:
+    """Preference pairs with a signal a tiny model learns in a few steps: the same answer,
+    ended politely (preferred) or rudely. ``shape``: TRL's text form (``prompt``, ``chosen``,
+    ``rejected``) or OpenAI's DPO format (``openai``), where every fourth pair prefers calling
+    the weather tool to guessing."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for index in range(records):
+            subject, verb, obj = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
+            prompt, answer = f"who {verb} {obj}?", f" {subject} {verb} {obj}"
+            if shape == "trl":
+                record: dict[str, object] = {
+                    "prompt": prompt,
+                    "chosen": f"{answer}, thank you.",
+                    "rejected": f"{answer}, go away.",
+                }
+            elif index % 4 == 3:
+                record = _weather_preference(rng)
+            else:
+                record = {
+                    "input": {"messages": [{"role": "user", "content": prompt}]},
+                    "preferred_output": [{"role": "assistant", "content": f"{answer.strip()}, thank you."}],
+                    "non_preferred_output": [{"role": "assistant", "content": f"{answer.strip()}, go away."}],
+                }
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def _weather_preference(rng: random.Random) -> dict[str, object]:
+    city = rng.choice(["Oslo", "Lima", "Pune", "Kyiv"])
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
+    return {
+        "input": {"messages": [{"role": "user", "content": f"weather in {city}?"}], "tools": [WEATHER_TOOL]},
+        "preferred_output": [{"role": "assistant", "content": None, "tool_calls": [call]}],
+        "non_preferred_output": [{"role": "assistant", "content": f"it is sunny in {city}, go away."}],
+    }
+
+
 def weather_conversation(rng: random.Random) -> dict[str, object]:
     """A chat record with everything OpenAI's chat format has: a developer message, a turn not
     trained on (``weight: 0``), a tool call (``content: null``) and its result, and the tools."""

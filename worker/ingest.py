@@ -1,7 +1,7 @@
 """Tailing what the ranks write into SQL, in batches, so training never waits on the database.
 
-Rank 0's ``events-<attempt>.jsonl`` becomes metric and checkpoint rows; ``train.log`` becomes
-log events. Each poll is one transaction.
+Rank 0's ``events-<attempt>.jsonl`` becomes metric and checkpoint rows and plan, phase and warning
+events; ``train.log`` becomes log events. Each poll is one transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shared.db.models import EventType, JobEvent, JobMetric, utcnow
 from shared.jobs.events import (
     CheckpointEvent,
     MetricEvent,
+    PhaseEvent,
     PlanEvent,
     TrainingEvent,
     UploadWaitEvent,
@@ -168,7 +169,7 @@ class EventIngestor:
                 self._log.rewind(log)
             raise
 
-    def _poll(self, session: Session) -> int:
+    def _read_events(self) -> list[TrainingEvent]:
         events: list[TrainingEvent] = []
         for raw in self._events.read_lines():
             if not raw.strip():
@@ -178,6 +179,10 @@ class EventIngestor:
                 events.append(training_event_adapter.validate_json(raw))
             except ValidationError:  # bad JSON is a validation error too
                 logger.warning("job %s: skipping malformed event line %r", self.job_id, raw[:200])
+        return events
+
+    def _poll(self, session: Session) -> int:
+        events = self._read_events()
         # The poll's job_events rows, in the order things happened; written at once below.
         rows: list[dict[str, Any]] = []
         self._now = utcnow()  # created_at of the poll's rows: they are committed together
@@ -215,6 +220,11 @@ class EventIngestor:
                 rows.append(self._event_row(EventType.artifact, {"state": "waiting", "message": message}))
             elif isinstance(event, WarningEvent):
                 rows.append(self._event_row(EventType.warning, {"message": event.message}))
+            elif isinstance(event, PhaseEvent):
+                # Each report is an event; the job shows the latest (a poll's last) as its phase.
+                data = event.model_dump(exclude={"type"})
+                progress["phase"] = data
+                rows.append(self._event_row(EventType.phase, data))
         if metrics:
             self._record_metrics(session, list(metrics.values()), progress)
         if rows:

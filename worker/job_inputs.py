@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shared.data.preference import read_preference_records
 from shared.data.records import DatasetError, SftFormat, read_records
 from shared.data.remote import DatasetSourceError, dataset_file, local_path, parse_dataset_uri, shown_uri
 from shared.data.uploaded_files import is_file_id
+from shared.jobs.spec import TrainingMethod
 from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,8 +44,10 @@ def local_dataset(
     dataset_format: SftFormat | None,
     settings: Settings,
     report: Callable[[DownloadProgress], None],
+    method: TrainingMethod = "sft",
 ) -> str:
-    """The local path of a job's dataset: itself when local, else the cached download.
+    """The local path of a job's dataset: itself when local, else the cached download, its
+    records checked for the job's ``method`` (a DPO job's as preference records).
 
     ``report`` is called every few seconds while downloading (and may raise to abort: the
     worker renews the job's lease there and stops on a cancel).
@@ -77,7 +81,10 @@ def local_dataset(
     report(DownloadProgress(field, shown, size, size, finished=True))
     # The records are checked here, as the API checks local files at submit.
     try:
-        read_records(path, dataset_format=dataset_format, max_line_bytes=settings.max_line_bytes)
+        if method == "dpo":
+            read_preference_records(path, max_line_bytes=settings.max_line_bytes)
+        else:
+            read_records(path, dataset_format=dataset_format, max_line_bytes=settings.max_line_bytes)
     except DatasetError as e:
         raise InputProblem(f"{field} '{shown}': {e}") from None
     return str(path)

@@ -19,7 +19,7 @@ from sqlmodel import col, select
 from shared.artifacts.store import ArtifactStore, ArtifactStoreError, file_key
 from shared.data.uploaded_files import RESULTS_PURPOSE, new_file_id
 from shared.db.engine import session_scope
-from shared.db.models import File, Job, JobMetric
+from shared.db.models import TRL_METRIC_NAMES, File, Job, JobMetric
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,17 @@ RESULTS_FILENAME = "step_metrics.csv"  # OpenAI's name for it
 # OpenAI's columns first (train_accuracy and the mean token accuracies are not measured), then
 # what tuneq measures besides.
 COLUMNS = ("step", "train_loss", "valid_loss", "learning_rate", "grad_norm", "epoch", "tokens_per_second")
+# A DPO job's measures follow, under TRL's names (rewards/chosen ...), when the job has them.
+PREFERENCE_FIELDS = tuple(TRL_METRIC_NAMES)
+
+
+def metric_rows(metrics: list[JobMetric]) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
+    """The file's header and rows: OpenAI's columns, then DPO's where any step measured them."""
+    preference = [f for f in PREFERENCE_FIELDS if any(getattr(m, f) is not None for m in metrics)]
+    header = (*COLUMNS, *(TRL_METRIC_NAMES[f] for f in preference))
+    columns = ("step", "loss", "eval_loss", "learning_rate", "grad_norm", "epoch", "tokens_per_second", *preference)
+    rows = [tuple(getattr(m, f) for f in columns) for m in metrics]
+    return header, rows
 
 
 def publish_results_file(*, job_id: uuid.UUID, store: ArtifactStore) -> str | None:
@@ -39,16 +50,14 @@ def publish_results_file(*, job_id: uuid.UUID, store: ArtifactStore) -> str | No
             return None
         owner = job.owner
         metrics = session.exec(select(JobMetric).where(JobMetric.job_id == job_id).order_by(col(JobMetric.step))).all()
-        rows = [
-            (m.step, m.loss, m.eval_loss, m.learning_rate, m.grad_norm, m.epoch, m.tokens_per_second) for m in metrics
-        ]
+        header, rows = metric_rows(list(metrics))
     file_id = new_file_id()
     try:
         with tempfile.TemporaryDirectory(prefix="tuneq-results-") as scratch:
             path = Path(scratch) / RESULTS_FILENAME
             with path.open("w", newline="") as out:
                 writer = csv.writer(out)
-                writer.writerow(COLUMNS)
+                writer.writerow(header)
                 writer.writerows(["" if value is None else value for value in row] for row in rows)
             stored = store.put_file(path, file_key(file_id))
     except Exception as e:  # the store's errors (or a full scratch disk), not the database's

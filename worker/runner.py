@@ -380,11 +380,18 @@ def fetch_inputs(job: Job, *, settings: Settings, lease: LeaseKeeper) -> dict[st
             session.commit()
         _keep_alive(lease)
 
-    dataset_format = TrainingOptions.model_validate(job.training).dataset_format
+    training = TrainingOptions.model_validate(job.training)
     paths: dict[str, str | None] = {"dataset": job.dataset, "validation_dataset": job.validation_dataset}
     for field, value in paths.items():
         if value is not None:
-            paths[field] = local_dataset(field, value, dataset_format=dataset_format, settings=settings, report=report)
+            paths[field] = local_dataset(
+                field,
+                value,
+                dataset_format=training.dataset_format,
+                method=training.method,
+                settings=settings,
+                report=report,
+            )
     return paths
 
 

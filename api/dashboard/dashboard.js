@@ -113,16 +113,24 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_MARKERS = 200; // beyond this, dots would only hide the line
 const CHART_POINTS = 500; // a job's history is charted from at most this many steps (GET .../metrics?points=)
 
+// One series, or several over one axis (labels: one each, named in a legend).
 class LineChart {
-  constructor(svg) {
+  constructor(svg, labels = [""]) {
     this.svg = svg;
-    this.values = new Map(); // step -> value; a resumed attempt reports a step again and replaces it
+    this.labels = labels;
+    // Per series, step -> value; a resumed attempt reports a step again and replaces it.
+    this.series = labels.map(() => new Map());
     this.pending = false;
   }
 
-  add(step, value) {
+  // The points of every series.
+  get size() {
+    return this.series.reduce((n, values) => n + values.size, 0);
+  }
+
+  add(step, value, series = 0) {
     if (typeof value !== "number" || !Number.isFinite(value)) return;
-    this.values.set(step, value);
+    this.series[series].set(step, value);
     // Redraw at most once per frame: a replayed history arrives as hundreds of events at once.
     if (!this.pending) {
       this.pending = true;
@@ -137,7 +145,8 @@ class LineChart {
     const width = 420;
     const height = 200;
     const pad = { left: 56, right: 8, top: 8, bottom: 20 };
-    const points = [...this.values.entries()].sort((a, b) => a[0] - b[0]);
+    const lines = this.series.map((values) => [...values.entries()].sort((a, b) => a[0] - b[0]));
+    const points = lines.flat();
     this.svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
     this.svg.replaceChildren();
     // The count of drawn points, for people reading the DOM and for the browser test.
@@ -170,11 +179,25 @@ class LineChart {
     el("text", { x: pad.left - 4, y: height - pad.bottom, "text-anchor": "end" }, y0.toPrecision(3));
     el("text", { x: pad.left, y: height - 6 }, `step ${x0}`);
     el("text", { x: width - pad.right, y: height - 6, "text-anchor": "end" }, `step ${x1}`);
-    el("polyline", { class: "line", points: points.map(([s, v]) => `${x(s).toFixed(1)},${y(v).toFixed(1)}`).join(" ") });
-    if (points.length <= MAX_MARKERS) {
-      for (const [s, v] of points) el("circle", { class: "point", cx: x(s).toFixed(1), cy: y(v).toFixed(1), r: 2 });
-    }
+    lines.forEach((line, i) => {
+      if (!line.length) return;
+      const series = `series-${i}`;
+      el("polyline", { class: `line ${series}`, points: line.map(([s, v]) => `${x(s).toFixed(1)},${y(v).toFixed(1)}`).join(" ") });
+      if (line.length <= MAX_MARKERS) {
+        for (const [s, v] of line) el("circle", { class: `point ${series}`, cx: x(s).toFixed(1), cy: y(v).toFixed(1), r: 2 });
+      }
+      if (this.labels.length > 1) {
+        el("text", { class: `legend ${series}`, x: width - pad.right, y: pad.top + 8 + 12 * i, "text-anchor": "end" }, this.labels[i]);
+      }
+    });
   }
+}
+
+// A measure of a step under either spelling: GET .../metrics answers a DPO job's under TRL's
+// names (rewards/chosen), the event stream carries them as ingested (rewards_chosen).
+function measure(step, name) {
+  const value = step[name];
+  return value === undefined ? step[name.replace("/", "_")] : value;
 }
 
 // ---- Server-Sent Events over fetch() ------------------------------------------------------
@@ -284,8 +307,21 @@ async function showJob(jobId) {
   $("#log-tail").textContent = "";
   const loss = new LineChart($("#loss-chart"));
   const lr = new LineChart($("#lr-chart"));
-  loss.draw();
-  lr.draw();
+  // A DPO job's: shown once a step reports them.
+  const rewards = new LineChart($("#rewards-chart"), ["chosen", "rejected", "margins"]);
+  const accuracy = new LineChart($("#accuracy-chart"), ["train", "eval"]);
+  [loss, lr, rewards, accuracy].forEach((chart) => chart.draw());
+  $("#rewards-figure").hidden = true;
+  $("#accuracy-figure").hidden = true;
+  const addStep = (m) => {
+    loss.add(m.step, m.loss);
+    lr.add(m.step, m.learning_rate);
+    ["rewards/chosen", "rewards/rejected", "rewards/margins"].forEach((name, i) => rewards.add(m.step, measure(m, name), i));
+    accuracy.add(m.step, measure(m, "rewards/accuracies"), 0);
+    accuracy.add(m.step, measure(m, "eval_rewards/accuracies"), 1);
+    if (rewards.size) $("#rewards-figure").hidden = false;
+    if (accuracy.size) $("#accuracy-figure").hidden = false;
+  };
   const abort = new AbortController();
   let timer = null;
   let finished = false;
@@ -331,8 +367,7 @@ async function showJob(jobId) {
   // Step events feed the charts; the stream also says at once when the status changes.
   const onEvent = (event) => {
     if (event.type === "metric") {
-      loss.add(event.data.step, event.data.loss);
-      lr.add(event.data.step, event.data.learning_rate);
+      addStep(event.data);
     } else if (event.type === "status" || event.type === "checkpoint") {
       refresh().catch(report);
     }
@@ -344,10 +379,7 @@ async function showJob(jobId) {
     let cursor = 0;
     try {
       const history = await api(`/jobs/${jobId}/metrics?points=${CHART_POINTS}&limit=${CHART_POINTS}`);
-      for (const m of history.data) {
-        loss.add(m.step, m.loss);
-        lr.add(m.step, m.learning_rate);
-      }
+      history.data.forEach(addStep);
       cursor = history.event_cursor;
     } catch (error) {
       if (error instanceof Unauthorized || abort.signal.aborted) return;

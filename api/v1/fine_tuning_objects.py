@@ -61,19 +61,38 @@ class SupervisedHyperparameters(BaseModel):
     )
 
 
+class DpoHyperparameters(SupervisedHyperparameters):
+    """The supervised ones, and DPO's ``beta`` ("auto": 0.1)."""
+
+    beta: AutoOrFloat = Field(
+        default="auto",
+        description="How far the model may move from the reference (more than 0, at most 2): a higher beta keeps "
+        "it closer.",
+    )
+
+
 class SupervisedMethod(BaseModel):
     model_config = _REQUEST
 
     hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
 
 
+class DpoMethod(BaseModel):
+    model_config = _REQUEST
+
+    hyperparameters: DpoHyperparameters = Field(default_factory=DpoHyperparameters)
+
+
+MethodType = Literal["supervised", "dpo", "reinforcement"]
+
+
 class FineTuningMethod(BaseModel):
     model_config = _REQUEST
 
-    type: Literal["supervised", "dpo", "reinforcement"]
+    type: MethodType
     supervised: SupervisedMethod | None = None
-    # Named so the SDK's requests for them parse; refused with a message until tuneq runs them.
-    dpo: dict[str, Any] | None = None
+    dpo: DpoMethod | None = None
+    # Named so the SDK's requests for it parse; refused with a message until tuneq runs it.
     reinforcement: dict[str, Any] | None = None
 
 
@@ -86,7 +105,8 @@ class FineTuningJobCreate(BaseModel):
     training_file: str = Field(min_length=1, max_length=200, description="The id of an uploaded file (file-...).")
     validation_file: str | None = Field(default=None, min_length=1, max_length=200)
     hyperparameters: SupervisedHyperparameters | None = Field(
-        default=None, description="Deprecated by OpenAI in favour of method.supervised.hyperparameters."
+        default=None,
+        description="Deprecated by OpenAI in favour of method.supervised.hyperparameters; supervised jobs only.",
     )
     method: FineTuningMethod | None = None
     suffix: str | None = Field(
@@ -119,17 +139,42 @@ class ResolvedHyperparameters(BaseModel):
     learning_rate_multiplier: float
 
 
+class ResolvedDpoHyperparameters(ResolvedHyperparameters):
+    beta: float
+
+
 class ResolvedSupervisedMethod(BaseModel):
     model_config = _ANSWER
 
     hyperparameters: ResolvedHyperparameters
 
 
-class ResolvedMethod(BaseModel):
+class ResolvedDpoMethod(BaseModel):
+    model_config = _ANSWER
+
+    hyperparameters: ResolvedDpoHyperparameters
+
+
+class SupervisedJobMethod(BaseModel):
+    """A supervised job's ``method``, as OpenAI shows it: ``{"type": "supervised", "supervised": {...}}``."""
+
     model_config = _ANSWER
 
     type: Literal["supervised"] = "supervised"
     supervised: ResolvedSupervisedMethod
+
+
+class DpoJobMethod(BaseModel):
+    """A DPO job's ``method``, as OpenAI shows it: ``{"type": "dpo", "dpo": {"hyperparameters": {...}}}``."""
+
+    model_config = _ANSWER
+
+    type: Literal["dpo"] = "dpo"
+    dpo: ResolvedDpoMethod
+
+
+# Each job's method shows its own member only, as OpenAI's do (no ``"dpo": null`` on a supervised job).
+ResolvedMethod = Annotated[SupervisedJobMethod | DpoJobMethod, Field(discriminator="type")]
 
 
 # validating_files: the worker is reading and tokenizing the files (no plan yet); paused is
@@ -152,6 +197,7 @@ class FineTuningJobPublic(BaseModel):
     status: FineTuningStatus
     training_file: str
     validation_file: str | None
+    # OpenAI's deprecated place: the method's batch size, epochs and multiplier (a DPO job's too).
     hyperparameters: ResolvedHyperparameters
     method: ResolvedMethod
     result_files: list[str]  # file ids: the job's per-step metrics as CSV, once it succeeded

@@ -17,8 +17,9 @@ import re
 import secrets
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlmodel import Session, col, select
 
@@ -31,6 +32,8 @@ from api.v1.fine_tuning_objects import (
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE_CHARS,
     CheckpointMetrics,
+    DpoHyperparameters,
+    DpoJobMethod,
     FineTuningJobCheckpointListPublic,
     FineTuningJobCheckpointPublic,
     FineTuningJobCreate,
@@ -39,24 +42,30 @@ from api.v1.fine_tuning_objects import (
     FineTuningJobEventPublic,
     FineTuningJobListPublic,
     FineTuningJobPublic,
+    FineTuningMethod,
     FineTuningStatus,
+    ResolvedDpoHyperparameters,
+    ResolvedDpoMethod,
     ResolvedHyperparameters,
-    ResolvedMethod,
     ResolvedSupervisedMethod,
     SupervisedHyperparameters,
+    SupervisedJobMethod,
 )
 from api.v1.hyperparameters import (
+    BatchLayout,
     HyperparameterError,
     batch_layout,
     pretraining_learning_rate,
+    resolve_dpo_hyperparameters,
     resolve_hyperparameters,
 )
 from api.v1.pages import past_cursor
+from shared.data.preference import EXAMPLES as PREFERENCE_EXAMPLES
 from shared.data.uploaded_files import check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
 from shared.jobs.model_source import checkpoint_name, names_a_job
-from shared.jobs.spec import JobCreate, TrainingOptions
+from shared.jobs.spec import DpoOptions, JobCreate, TrainingOptions
 from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError, local_model_config
 from shared.settings import Settings
@@ -80,6 +89,7 @@ LISTED_EVENTS = (
     EventType.metric,
     EventType.checkpoint,
     EventType.resumed,
+    EventType.phase,
     EventType.warning,
 )
 
@@ -120,22 +130,61 @@ def get_fine_tuning_job(*, session: Session, fine_tuning_job_id: str, owner: str
 # ---- creating ------------------------------------------------------------------------------
 
 
-def _requested_hyperparameters(request: FineTuningJobCreate) -> tuple[SupervisedHyperparameters, str]:
-    """The hyperparameters the request gave, and where (OpenAI's param name for errors)."""
-    method = request.method
-    if method is not None and method.type != "supervised":
-        raise FineTuningRequestError(
-            f"method.type {method.type!r} is not one tuneq runs yet: use 'supervised'", param="method.type"
-        )
-    if method is not None and method.supervised is not None:
-        if request.hyperparameters is not None:
+# The methods tuneq runs, as OpenAI names them (a native job's training.method: sft, dpo).
+JobMethod = Literal["supervised", "dpo"]
+METHOD_MEMBERS = ("supervised", "dpo", "reinforcement")
+
+
+@dataclass(frozen=True)
+class RequestedHyperparameters:
+    """The method a request asks for, its hyperparameters as given ("auto" or numbers), and
+    where it gave them (OpenAI's param name, for errors)."""
+
+    method: JobMethod
+    values: SupervisedHyperparameters | DpoHyperparameters
+    where: str
+
+
+def _check_method_members(method: FineTuningMethod) -> None:
+    """Only the member of the method's own type: ``method.dpo`` on a supervised job is a mistake."""
+    for member in METHOD_MEMBERS:
+        if member != method.type and getattr(method, member) is not None:
             raise FineTuningRequestError(
-                "give the hyperparameters once, under method.supervised.hyperparameters (the top-level "
-                "hyperparameters is OpenAI's deprecated place for them)",
-                param="hyperparameters",
+                f"method.{member} is for method.type '{member}', not {method.type!r}: leave it out, or set "
+                f"method.type to '{member}'",
+                param=f"method.{member}",
             )
-        return method.supervised.hyperparameters, "method.supervised.hyperparameters"
-    return request.hyperparameters or SupervisedHyperparameters(), "hyperparameters"
+
+
+def _requested_hyperparameters(request: FineTuningJobCreate) -> RequestedHyperparameters:
+    """The method and hyperparameters the request gave. Raises FineTuningRequestError for a
+    method tuneq does not run, or hyperparameters given twice or in another method's place."""
+    method = request.method
+    if method is None:
+        return RequestedHyperparameters(
+            "supervised", request.hyperparameters or SupervisedHyperparameters(), "hyperparameters"
+        )
+    if method.type == "reinforcement":
+        raise FineTuningRequestError(
+            "method.type 'reinforcement' is not one tuneq runs yet: use 'supervised' or 'dpo'", param="method.type"
+        )
+    _check_method_members(method)
+    if request.hyperparameters is not None and (method.type == "dpo" or method.supervised is not None):
+        raise FineTuningRequestError(
+            f"give the hyperparameters once, under method.{method.type}.hyperparameters (the top-level "
+            "hyperparameters is OpenAI's deprecated place for a supervised job's)",
+            param="hyperparameters",
+        )
+    if method.type == "dpo":
+        values = method.dpo.hyperparameters if method.dpo is not None else DpoHyperparameters()
+        return RequestedHyperparameters("dpo", values, "method.dpo.hyperparameters")
+    if method.supervised is not None:
+        return RequestedHyperparameters(
+            "supervised", method.supervised.hyperparameters, "method.supervised.hyperparameters"
+        )
+    return RequestedHyperparameters(
+        "supervised", request.hyperparameters or SupervisedHyperparameters(), "hyperparameters"
+    )
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -182,15 +231,22 @@ def training_examples(*, session: Session, settings: Settings, file: File) -> in
     return file.records
 
 
-def _check_method_takes(file: File, param: str) -> None:
-    """Every job here is supervised, which trains on chat records: a file of DPO records (accepted
-    at upload, as OpenAI accepts it) is refused, naming the method."""
-    if file.dataset_format == "preference":
+def _check_method_takes(file: File, param: str, method: JobMethod) -> None:
+    """A supervised job trains on chat records, a DPO job on DPO records (each accepted at upload,
+    as OpenAI accepts them; ``File.dataset_format`` None: chat, uploaded before tuneq took DPO
+    files): a file of the other kind is refused, naming the method."""
+    if method == "dpo" and file.dataset_format != "preference":
+        raise FineTuningRequestError(
+            f"{param} {file.id} holds chat records (OpenAI's chat format: messages), which method 'dpo' cannot "
+            f"train on: a DPO job trains on preference records like {PREFERENCE_EXAMPLES['openai']}; upload such a "
+            "file, or train this one with method 'supervised'",
+            param=param,
+        )
+    if method == "supervised" and file.dataset_format == "preference":
         raise FineTuningRequestError(
             f"{param} {file.id} holds preference records (OpenAI's DPO format: input, preferred_output, "
             "non_preferred_output), which method 'supervised' cannot train on: a supervised job trains on chat "
-            "records like {\"messages\": [...]}, and method 'dpo', which trains on preference records, is not one "
-            "tuneq runs yet",
+            'records like {"messages": [...]}; upload such a file, or train this one with method {"type": "dpo"}',
             param=param,
         )
 
@@ -237,9 +293,10 @@ def create_fine_tuning_job(
     split over as many of a GPU worker's devices as divide it (one rank on CPU workers), at
     ``learning_rate_multiplier`` x the model family's pretraining rate, with a DeepSpeed config tuneq chooses, saving a
     checkpoint every epoch and keeping the last three (as OpenAI does), and measuring the
-    validation file's loss every epoch. Raises
+    validation file's loss every epoch. Method ``dpo`` makes a native ``training.method: "dpo"``
+    job with ``training.dpo.beta`` (an example being a pair). Raises
     FineTuningRequestError, or create_job's errors."""
-    requested, where = _requested_hyperparameters(request)
+    requested = _requested_hyperparameters(request)
     if request.integrations:
         raise FineTuningRequestError(
             "integrations are not supported yet: leave them out (metrics are on GET /v1/fine_tuning/jobs/{id}/events)",
@@ -251,39 +308,32 @@ def create_fine_tuning_job(
     if request.validation_file is not None:
         validation_file = _owners_file(session, request.validation_file, owner, "validation_file")
     examples = training_examples(session=session, settings=settings, file=training_file)
-    _check_method_takes(training_file, "training_file")
+    _check_method_takes(training_file, "training_file", requested.method)
     if validation_file is not None:
-        _check_method_takes(validation_file, "validation_file")
-    try:
-        resolved = resolve_hyperparameters(requested, examples=examples, param_prefix=where)
-    except HyperparameterError as e:
-        raise FineTuningRequestError(str(e), param=e.param) from None
+        _check_method_takes(validation_file, "validation_file", requested.method)
+    resolved = _resolved_hyperparameters(requested, examples=examples)
     layout = batch_layout(resolved.batch_size, devices=_gpus_per_job(session=session, settings=settings))
     base_rate = pretraining_learning_rate(local_model_config(_base_model(session, request.model, owner)))
-    seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
-    steps_per_epoch = max(1, examples // resolved.batch_size)
     job_in = JobCreate(
         model=request.model,
         dataset=request.training_file,
         validation_dataset=request.validation_file,
         num_gpus=layout.num_gpus,
         name=request.suffix or None,
-        training=TrainingOptions(
-            epochs=resolved.n_epochs,
-            seed=seed,
-            micro_batch_size=layout.micro_batch_size,
-            gradient_accumulation_steps=layout.gradient_accumulation_steps,
+        training=_training_options(
+            resolved,
+            layout=layout,
+            examples=examples,
             learning_rate=resolved.learning_rate_multiplier * base_rate,
-            checkpoint_every_steps=steps_per_epoch,
-            keep_checkpoints=KEPT_CHECKPOINTS,
-            # The validation file's loss at each epoch's end (OpenAI's full_valid_loss).
-            eval_every_steps=steps_per_epoch if request.validation_file is not None else None,
+            seed=request.seed if request.seed is not None else secrets.randbelow(2**31),
+            validated=request.validation_file is not None,
         ),
     )
     fine_tuning = {
         "suffix": request.suffix,
         "metadata": request.metadata,
-        "hyperparameters": resolved.model_dump(),
+        # The method's batch size, epochs and multiplier; a DPO job's beta is its training.dpo.beta.
+        "hyperparameters": ResolvedHyperparameters.model_validate(resolved.model_dump()).model_dump(),
     }
     try:
         job, created = create_job(
@@ -301,8 +351,9 @@ def create_fine_tuning_job(
         raise FineTuningRequestError(first.message, param=_PARAMS.get(field)) from None
     if created:
         logger.info(
-            "fine-tuning job %s: %d epochs of %d examples in batches of %d on %d ranks, lr %.3g",
+            "fine-tuning job %s (%s): %d epochs of %d examples in batches of %d on %d ranks, lr %.3g",
             public_job_id(job.id),
+            requested.method,
             resolved.n_epochs,
             examples,
             resolved.batch_size,
@@ -310,6 +361,48 @@ def create_fine_tuning_job(
             job_in.training.learning_rate,
         )
     return job
+
+
+def _resolved_hyperparameters(
+    requested: RequestedHyperparameters, *, examples: int
+) -> ResolvedHyperparameters | ResolvedDpoHyperparameters:
+    """The requested hyperparameters as numbers, for a training file of ``examples`` records
+    (pairs, for DPO). Raises FineTuningRequestError naming the one out of bounds."""
+    try:
+        if isinstance(requested.values, DpoHyperparameters):
+            return resolve_dpo_hyperparameters(requested.values, examples=examples, param_prefix=requested.where)
+        return resolve_hyperparameters(requested.values, examples=examples, param_prefix=requested.where)
+    except HyperparameterError as e:
+        raise FineTuningRequestError(str(e), param=e.param) from None
+
+
+def _training_options(
+    resolved: ResolvedHyperparameters | ResolvedDpoHyperparameters,
+    *,
+    layout: BatchLayout,
+    examples: int,
+    learning_rate: float,
+    seed: int,
+    validated: bool,
+) -> TrainingOptions:
+    """The native job's training: a checkpoint an epoch, the last three kept, and the validation
+    file's loss at each epoch's end (OpenAI's full_valid_loss) when there is one (``validated``).
+    DPO's hyperparameters make a ``training.method: "dpo"`` job with their beta, DPO's other
+    options at their defaults."""
+    steps_per_epoch = max(1, examples // resolved.batch_size)
+    dpo = DpoOptions(beta=resolved.beta) if isinstance(resolved, ResolvedDpoHyperparameters) else None
+    return TrainingOptions(
+        method="sft" if dpo is None else "dpo",
+        dpo=dpo,
+        epochs=resolved.n_epochs,
+        seed=seed,
+        micro_batch_size=layout.micro_batch_size,
+        gradient_accumulation_steps=layout.gradient_accumulation_steps,
+        learning_rate=learning_rate,
+        checkpoint_every_steps=steps_per_epoch,
+        keep_checkpoints=KEPT_CHECKPOINTS,
+        eval_every_steps=steps_per_epoch if validated else None,
+    )
 
 
 # ---- the job as OpenAI shows it ------------------------------------------------------------
@@ -337,11 +430,10 @@ def fine_tuning_status(job: Job) -> FineTuningStatus:
     return status  # type: ignore[return-value]
 
 
-def job_hyperparameters(job: Job) -> ResolvedHyperparameters:
+def job_hyperparameters(job: Job, training: TrainingOptions) -> ResolvedHyperparameters:
     """As resolved at creation; for a native job, read back from its training options."""
     if job.fine_tuning is not None:
         return ResolvedHyperparameters.model_validate(job.fine_tuning["hyperparameters"])
-    training = TrainingOptions.model_validate(job.training)
     config = job.resolved_deepspeed_config or {}
     batch = config.get("train_batch_size")
     if not isinstance(batch, int):
@@ -357,6 +449,17 @@ def _model_learning_rate(model: str, *, lora: bool) -> float:
     """``pretraining_learning_rate`` of a native job's model, its config.json read once per model
     (not once per job shown: it depends on the model's family only)."""
     return pretraining_learning_rate(local_model_config(model), lora=lora)
+
+
+def job_method(
+    training: TrainingOptions, hyperparameters: ResolvedHyperparameters
+) -> SupervisedJobMethod | DpoJobMethod:
+    """The job's ``method`` as OpenAI shows it: a DPO job's (``training.method: "dpo"``, made on
+    either API) with its beta, every other one supervised."""
+    if training.method == "dpo" and training.dpo is not None:
+        dpo = ResolvedDpoHyperparameters(**hyperparameters.model_dump(), beta=training.dpo.beta)
+        return DpoJobMethod(dpo=ResolvedDpoMethod(hyperparameters=dpo))
+    return SupervisedJobMethod(supervised=ResolvedSupervisedMethod(hyperparameters=hyperparameters))
 
 
 def results_files(*, session: Session, jobs: Sequence[Job]) -> dict[uuid.UUID, list[str]]:
@@ -379,7 +482,8 @@ def fine_tuning_jobs_public(jobs: Sequence[Job], *, session: Session) -> list[Fi
 
 
 def _job_public(job: Job, *, result_files: list[str]) -> FineTuningJobPublic:
-    hyperparameters = job_hyperparameters(job)
+    training = TrainingOptions.model_validate(job.training)
+    hyperparameters = job_hyperparameters(job, training)
     succeeded = job.status == JobStatus.succeeded
     estimated_finish = None
     if job.status == JobStatus.running and job.eta_seconds is not None:
@@ -401,11 +505,11 @@ def _job_public(job: Job, *, result_files: list[str]) -> FineTuningJobPublic:
         training_file=job.dataset,
         validation_file=job.validation_dataset,
         hyperparameters=hyperparameters,
-        method=ResolvedMethod(supervised=ResolvedSupervisedMethod(hyperparameters=hyperparameters)),
+        method=job_method(training, hyperparameters),
         result_files=result_files,
         trained_tokens=job.tokens_seen if succeeded else None,
         error=error,
-        seed=TrainingOptions.model_validate(job.training).seed,
+        seed=training.seed,
         estimated_finish=estimated_finish,
         metadata=fine_tuning.get("metadata"),
         user_provided_suffix=fine_tuning.get("suffix"),
@@ -476,6 +580,9 @@ def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
         payload = {"step": data.get("step")}
     elif event.type == EventType.resumed:
         message = f"Resumed from the checkpoint at step {data.get('from_step')}"
+    elif event.type == EventType.phase:
+        message = _phase_text(data)
+        payload = {"done": data.get("done"), "total": data.get("total")}
     else:  # a warning
         message, level = str(data.get("message", "")), "warn"
     return FineTuningJobEventPublic(
@@ -486,6 +593,13 @@ def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
         type=kind,
         data=payload,
     )
+
+
+def _phase_text(data: dict[str, Any]) -> str:
+    """A DPO job's reference pass (the only phase today), as a message."""
+    if data.get("cached"):
+        return f"Reference log-probabilities found computed ({data.get('total')} pairs)"
+    return f"Computing reference log-probabilities: {data.get('done')}/{data.get('total')} pairs"
 
 
 def _status_text(data: dict[str, Any], job: Job) -> tuple[str, str]:

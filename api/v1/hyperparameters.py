@@ -1,5 +1,5 @@
-"""OpenAI's supervised hyperparameters, each a number or ``"auto"``, resolved to numbers the way
-OpenAI documents them and turned into tuneq's training options.
+"""OpenAI's supervised and DPO hyperparameters, each a number or ``"auto"``, resolved to numbers
+the way OpenAI documents them and turned into tuneq's training options.
 
 - ``n_epochs``: OpenAI's chat fine-tuning data guide (the cookbook's data preparation) trains 3
   epochs, more for a small file so that at least 100 examples are seen, fewer for a large one so
@@ -9,6 +9,9 @@ OpenAI documents them and turned into tuneq's training options.
   "auto" is 0.05, 0.1 or 0.2 depending on the final batch size, larger batches taking larger
   rates (OpenAI's reference). Where OpenAI gives no thresholds, tuneq takes 0.05 up to a batch
   of 8 examples, 0.1 up to 32, 0.2 above.
+- DPO's ``batch_size``, ``n_epochs`` and ``learning_rate_multiplier`` resolve as the supervised
+  ones do, an example being a pair; its ``beta`` "auto" is 0.1 (``DEFAULT_DPO_BETA``: the DPO
+  paper's and TRL's), and a given one must be more than 0 and at most 2 (OpenAI's bounds).
 
 An open model's pretraining rate is known per family from its paper or its released training
 config (``PRETRAINING_LEARNING_RATES``, by config.json's ``model_type``); other families take
@@ -23,7 +26,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from api.v1.fine_tuning_objects import ResolvedHyperparameters, SupervisedHyperparameters
+from api.v1.fine_tuning_objects import (
+    DpoHyperparameters,
+    ResolvedDpoHyperparameters,
+    ResolvedHyperparameters,
+    SupervisedHyperparameters,
+)
 from shared.deepspeed.chosen import largest_micro_batch
 
 TARGET_EPOCHS = 3
@@ -35,6 +43,8 @@ MAX_EPOCHS = 50  # OpenAI's bound for a given n_epochs
 AUTO_BATCH_SHARE = 0.002
 MAX_BATCH_SIZE = 256
 MAX_LEARNING_RATE_MULTIPLIER = 10.0
+DEFAULT_DPO_BETA = 0.1
+MAX_DPO_BETA = 2.0  # OpenAI's bound; beta must also be more than 0
 
 # Only families whose rate is published; the rest take the default.
 PRETRAINING_LEARNING_RATES = {
@@ -104,6 +114,21 @@ def resolve_hyperparameters(
             param=f"{param_prefix}.learning_rate_multiplier",
         )
     return ResolvedHyperparameters(n_epochs=n_epochs, batch_size=batch_size, learning_rate_multiplier=float(multiplier))
+
+
+def resolve_dpo_hyperparameters(
+    requested: DpoHyperparameters, *, examples: int, param_prefix: str
+) -> ResolvedDpoHyperparameters:
+    """Numbers for a file of ``examples`` preference pairs: the supervised ones resolved as
+    ``resolve_hyperparameters`` resolves them, and ``beta``. Raises HyperparameterError."""
+    shared = resolve_hyperparameters(requested, examples=examples, param_prefix=param_prefix)
+    beta = DEFAULT_DPO_BETA if requested.beta == "auto" else requested.beta
+    if not 0 < beta <= MAX_DPO_BETA:
+        raise HyperparameterError(
+            f"beta must be more than 0 and at most {MAX_DPO_BETA:g}, or 'auto' ({DEFAULT_DPO_BETA:g})",
+            param=f"{param_prefix}.beta",
+        )
+    return ResolvedDpoHyperparameters(**shared.model_dump(), beta=float(beta))
 
 
 def pretraining_learning_rate(model_config: dict[str, Any] | None, *, lora: bool = False) -> float:

@@ -17,6 +17,10 @@ both ``preference``; the file's first record picks the shape every other record 
 Messages and tools are checked by the rules of the ``messages`` format (``records``), and each
 answer must be assistant messages that say something. Both shapes become one ``PreferencePair``,
 which is what ``shared.data.tokenized`` renders: the same pair in either shape trains the same.
+
+A file of supervised records (text, prompt_completion, messages) is refused whole, with one message
+naming the method (``supervised_refusal``), as an SFT job refuses a file of preference records
+(``records.preference_refusal``): the ranks, the plan and the submit all read through here.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from shared.data.records import (
     DatasetError,
     FieldProblem,
     RecordProblem,
+    SftFormat,
     answers_something,
+    detect_format,
     iter_records,
     messages_problem,
     string_field_problem,
@@ -55,6 +61,13 @@ IMPLICIT_PROMPT = (
     'without a "prompt" field, chosen and rejected are whole conversations (or texts) that begin alike, '
     'the prompt, and end in different answers; or give the prompt in a "prompt" field'
 )
+
+# The fields by which each SFT format is told (``records.detect_format``), as a refusal names them.
+SFT_FIELDS: dict[SftFormat, tuple[str, ...]] = {
+    "messages": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+}
 
 Conversation = list[dict[str, Any]]
 
@@ -111,17 +124,41 @@ def openai_preference_problem(record: Any) -> FieldProblem | None:
     return found if isinstance(found, FieldProblem) else None
 
 
+def supervised_refusal(holder: str, evidence: str) -> str:
+    """Why a DPO job refuses a file of supervised records, whole (``records.preference_refusal``
+    the other way round): ``holder`` names the file, ``evidence`` says how its records show it
+    (``line 1 has "messages"``)."""
+    return (
+        f"{holder} holds supervised records ({evidence}), for supervised fine-tuning (SFT), which a DPO job "
+        f"cannot train on: a DPO job trains on preference records, like {EXAMPLES['trl']} (TRL's preference "
+        f"format), or {EXAMPLES['openai']} (OpenAI's DPO format)"
+    )
+
+
+def _refuse_supervised(path: Path, where: str, record: Any) -> None:
+    """Raise DatasetError (``supervised_refusal``) when ``record``, a file's first with a known
+    format's fields, is a supervised one: the file is refused whole, never line by line."""
+    found = detect_format(record)
+    if found is not None and found != "preference":
+        fields = " and ".join(f'"{name}"' for name in SFT_FIELDS[found])
+        raise DatasetError(supervised_refusal(path.name, f"{where} has {fields}"))
+
+
 def read_preference_records(path: Path, *, max_line_bytes: int) -> PreferenceRecords:
     """Every record of a file of preference records as a pair, or a DatasetError naming the bad
     ones as the SFT formats' reader does (``line 3 field "rejected" is missing: ...``). The
-    shape is the first record's; ``max_line_bytes``: ``TUNEQ_MAX_LINE_BYTES``."""
+    shape is the first record's; a file whose first record is a supervised one (text,
+    prompt_completion, messages) is refused whole, naming the method (``supervised_refusal``).
+    ``max_line_bytes``: ``TUNEQ_MAX_LINE_BYTES``."""
     records: PreferenceRecords | None = None
     problems: list[RecordProblem] = []
     for where, item in iter_records(path, max_line_bytes=max_line_bytes):
         found: PreferencePair | FieldProblem = item if isinstance(item, FieldProblem) else FieldProblem(None, NO_FIELDS)
         if not isinstance(item, FieldProblem):
-            if records is None and (shape := preference_shape(item)) is not None:
-                records = PreferenceRecords(shape=shape)
+            if records is None:
+                _refuse_supervised(path, where, item)
+                if (shape := preference_shape(item)) is not None:
+                    records = PreferenceRecords(shape=shape)
             if records is not None:
                 found = preference_pair(item, records.shape)
         if isinstance(found, FieldProblem):

@@ -1,8 +1,11 @@
 """A job's training data as the run will see it: tokenized, split, packed into rows, counted.
 
 Rows decide the steps: an optimizer step takes train_batch_size rows, so packing (several
-samples a row) makes fewer steps. How a micro-batch's rows become one tensor (padded, or
-end to end with ``padding_free``) is the collator's business and changes no count.
+samples a row) makes fewer steps. For preference tuning (DPO) a row is a pair: its chosen and
+rejected sequences, samples ``2i`` and ``2i + 1`` of the file (``PreferenceSamples``), so a
+batch of rows is a batch of pairs and the counts below hold unchanged. How a micro-batch's rows
+become one tensor (padded, or end to end with ``padding_free``) is the collator's business and
+changes no count.
 
 Torch-free: the ranks use it to build their loaders, and the plan endpoint uses it to say
 how many steps a job will take without starting one. Both therefore count the same way.
@@ -17,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from shared.data.records import DatasetError
-from shared.data.tokenized import DatasetStats, TokenizationError, TokenizedSamples, prepare_tokenized
+from shared.data.tokenized import (
+    DatasetStats,
+    TokenizationError,
+    TokenizedSamples,
+    prepare_preference_tokenized,
+    prepare_tokenized,
+)
 from shared.jobs.spec import TrainingOptions
 
 
@@ -31,28 +40,47 @@ class TrainingData:
     padding_free: bool
     rows: list[list[int]]  # sample indices per training row
     validation_rows: list[list[int]] | None
+    # Preference pairs (DPO): a row is a pair, [2i, 2i + 1]; ``validation`` may be ``train``
+    # itself (a validation_split holds out pairs of the same file: rows, not samples, differ).
+    preference: bool = False
 
     def stats(self) -> dict[str, Any]:
         """What the job shows as ``dataset_stats``."""
         return {
             "train": self.train_stats.model_dump(),
             "validation": self.validation_stats.model_dump() if self.validation_stats else None,
-            "validation_samples": len(self.validation) if self.validation is not None else 0,
+            "validation_samples": self._validation_count(),
             "packing": self.packing,
             "padding_free": self.padding_free,
             "rows": len(self.rows),
         }
 
+    def _validation_count(self) -> int:
+        """Validation samples, or pairs for preference data."""
+        if self.preference:
+            return len(self.validation_rows or [])
+        return len(self.validation) if self.validation is not None else 0
+
+
+def held_out_split(count: int, share: float, *, seed: int, unit: str = "samples") -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held out): sorted indices of ``count`` items with a seeded random ``share`` held
+    out, the same on every rank and in the plan."""
+    order = np.random.default_rng(seed).permutation(count)
+    held_out = max(1, round(count * share))
+    if held_out >= count:
+        raise DatasetError(f"training.validation_split {share} of {count} {unit} leaves nothing to train on: lower it")
+    return np.sort(order[held_out:]), np.sort(order[:held_out])
+
 
 def split_samples(samples: TokenizedSamples, share: float, *, seed: int) -> tuple[TokenizedSamples, TokenizedSamples]:
-    """(train, validation): a seeded random ``share`` of the samples held out, the same on every rank."""
-    order = np.random.default_rng(seed).permutation(len(samples))
-    held_out = max(1, round(len(samples) * share))
-    if held_out >= len(samples):
-        raise DatasetError(
-            f"training.validation_split {share} of {len(samples)} samples leaves nothing to train on: lower it"
-        )
-    return samples.select(np.sort(order[held_out:])), samples.select(np.sort(order[:held_out]))
+    """(train, validation): a seeded random ``share`` of the samples held out."""
+    kept, held_out = held_out_split(len(samples), share, seed=seed)
+    return samples.select(kept), samples.select(held_out)
+
+
+def pair_rows(pairs: Any) -> list[list[int]]:
+    """Preference pairs as rows: pair i's chosen and rejected sequences, samples 2i and 2i + 1."""
+    return [[2 * int(i), 2 * int(i) + 1] for i in pairs]
 
 
 def pack_rows(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -114,14 +142,24 @@ def load_training_data(
 
     def load(path: Path, what: str, dataset_format: Any) -> tuple[TokenizedSamples, DatasetStats]:
         try:
-            samples, stats = prepare_tokenized(
-                path,
-                tokenizer,
-                dataset_format=dataset_format,
-                max_seq_length=options.seq_length,
-                cache_root=cache_dir / "tokenized",
-                max_line_bytes=max_line_bytes,
-            )
+            if options.method == "dpo":
+                pairs, stats = prepare_preference_tokenized(
+                    path,
+                    tokenizer,
+                    max_seq_length=options.seq_length,
+                    cache_root=cache_dir / "tokenized",
+                    max_line_bytes=max_line_bytes,
+                )
+                samples = pairs.sequences
+            else:
+                samples, stats = prepare_tokenized(
+                    path,
+                    tokenizer,
+                    dataset_format=dataset_format,
+                    max_seq_length=options.seq_length,
+                    cache_root=cache_dir / "tokenized",
+                    max_line_bytes=max_line_bytes,
+                )
         except DatasetError as e:
             raise DatasetError(f"{what}: {e}", e.problems) from None
         except TokenizationError as e:
@@ -134,7 +172,9 @@ def load_training_data(
     validation, validation_stats = None, None
     if validation_dataset is not None:
         validation, validation_stats = load(validation_dataset, "validation_dataset", train_stats.format)
-    elif options.validation_split is not None:
+    if options.method == "dpo":
+        return _preference_data(train, train_stats, validation, validation_stats, options)
+    if validation_dataset is None and options.validation_split is not None:
         train, validation = split_samples(train, options.validation_split, seed=options.seed)
     packing = options.packing if options.packing is not None else train_stats.format == "text"
     return TrainingData(
@@ -148,4 +188,35 @@ def load_training_data(
         validation_rows=(
             rows_of(validation, packing=packing, max_seq_length=options.seq_length) if validation is not None else None
         ),
+    )
+
+
+def _preference_data(
+    train: TokenizedSamples,
+    train_stats: DatasetStats,
+    validation: TokenizedSamples | None,
+    validation_stats: DatasetStats | None,
+    options: TrainingOptions,
+) -> TrainingData:
+    """Pairs as rows. A validation_split holds out pairs of the training file: both row lists
+    index the same samples, so each pair keeps its index in its file (the reference
+    log-probabilities of a file are looked up by it)."""
+    pairs = len(train) // 2
+    kept, held_out = np.arange(pairs), None
+    if validation is None and options.validation_split is not None:
+        kept, held_out = held_out_split(pairs, options.validation_split, seed=options.seed, unit="pairs")
+        validation = train
+    validation_rows = None
+    if validation is not None:
+        validation_rows = pair_rows(held_out if held_out is not None else range(len(validation) // 2))
+    return TrainingData(
+        train=train,
+        train_stats=train_stats,
+        validation=validation,
+        validation_stats=validation_stats,
+        packing=False,
+        padding_free=False,
+        rows=pair_rows(kept),
+        validation_rows=validation_rows,
+        preference=True,
     )

@@ -14,7 +14,8 @@ Three record formats for supervised fine-tuning (SFT), told apart by their field
 A fourth, ``preference``, is pairs of answers to one prompt for preference tuning (DPO), told
 apart by their answers' fields (``chosen``/``rejected``, ``preferred_output``/
 ``non_preferred_output``) and read by ``shared.data.preference``. An SFT job refuses such a file
-whole, with one message naming the method (``preference_refusal``), never line by line.
+whole, with one message naming the method (``preference_refusal``), never line by line; a DPO job
+refuses a file of SFT records the same way (``preference.supervised_refusal``).
 
 Files uploaded through the OpenAI-compatible ``POST /v1/files`` are checked by the same rules
 (``check_openai_chat_file``, which phrases problems as that API does; OpenAI's DPO records by

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,9 @@ class TokenizedSamples:
     tokens: np.ndarray  # int32, every sample's ids back to back
     targets: np.ndarray  # uint8, 1 where the token is a label
     offsets: np.ndarray  # int64, len(samples) + 1
+    # The tokenized cache's key of the whole file these samples are (``cache_key``): what the
+    # samples were made from. None for a selection of a file's samples (a validation split).
+    key: str | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -378,7 +381,7 @@ def _load(entry: Path) -> tuple[TokenizedSamples, DatasetStats] | None:
     # Memory-mapped: ranks on one host share the pages instead of holding a copy each.
     arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
     stats = DatasetStats.model_validate_json((entry / "stats.json").read_text(encoding="utf-8"))
-    return TokenizedSamples(**arrays), stats.model_copy(update={"cached": True})
+    return TokenizedSamples(**arrays, key=entry.name), stats.model_copy(update={"cached": True})
 
 
 def _store(entry: Path, samples: TokenizedSamples, stats: DatasetStats) -> None:
@@ -449,7 +452,7 @@ def _cached(
             raise TokenizationError(f"{path.name}: {e}") from None
         _store(entry, samples, stats)
         logger.info("tokenized %s: %d samples, %d tokens (%s)", path.name, stats.samples, stats.tokens, key)
-        return samples, stats
+        return replace(samples, key=key), stats
 
 
 # --- preference pairs ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict
+from pydantic import AfterValidator, AliasGenerator, ConfigDict
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
@@ -74,6 +74,9 @@ class Job(SQLModel, table=True):
     epoch: float | None = None
     tokens_seen: int = Field(default=0, sa_type=BigInteger)
     eta_seconds: float | None = None
+    # The latest phase event's progress (work before the first step, e.g. a DPO job's reference
+    # log-probabilities): {"name", "done", "total", "cached", "time"}. None before any.
+    phase: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error_code: str | None = None
     error_message: str | None = None
     # Who runs it: the database decides, not the broker (see ARCHITECTURE.md, "Leases").
@@ -112,6 +115,9 @@ class EventType(StrEnum):
     download = "download"  # a remote dataset's download progress
     plan = "plan"  # what the ranks found once model and data were loaded: steps, rows, model load
     artifact = "artifact"  # publishing to the artifact store: waits, retries, deletions by retention
+    # Work of the ranks before the first step, with its progress: a DPO job's reference
+    # log-probabilities (shared.jobs.events.PhaseEvent).
+    phase = "phase"
 
 
 class JobEvent(SQLModel, table=True):
@@ -359,6 +365,17 @@ class JobNodePublic(SQLModel):
     error_message: str | None
 
 
+class JobPhasePublic(SQLModel):
+    """Work before the first step (``name``: ``reference_logps``, a DPO job's reference
+    log-probabilities): ``done`` of ``total`` pairs, or ``cached``: found computed."""
+
+    name: str
+    done: int
+    total: int
+    cached: bool
+    time: UTCDateTime  # of the report
+
+
 class JobPublic(SQLModel):
     id: uuid.UUID
     owner: str
@@ -389,6 +406,7 @@ class JobPublic(SQLModel):
     epoch: float | None
     tokens_seen: int
     eta_seconds: float | None
+    phase: JobPhasePublic | None  # the latest phase's progress; None before any (an SFT job: always)
     latest_metrics: dict[str, Any] | None
     error: JobError | None
     attempts: int
@@ -420,10 +438,33 @@ class JobsPublic(SQLModel):
     count: int
 
 
+# The DPO measures under the names TRL's DPOTrainer logs them by, which the API answers:
+# MetricFields (a column, a Python name) spells each "/" as "_".
+TRL_METRIC_NAMES: dict[str, str] = {
+    "rewards_chosen": "rewards/chosen",
+    "rewards_rejected": "rewards/rejected",
+    "rewards_accuracies": "rewards/accuracies",
+    "rewards_margins": "rewards/margins",
+    "logps_chosen": "logps/chosen",
+    "logps_rejected": "logps/rejected",
+    "logits_chosen": "logits/chosen",
+    "logits_rejected": "logits/rejected",
+    "eval_rewards_accuracies": "eval_rewards/accuracies",
+}
+
+
+def _answered_name(field: str) -> str:
+    return TRL_METRIC_NAMES.get(field, field)
+
+
 class MetricPublic(SQLModel, MetricFields):
-    # Every measure is in every answer (null when not measured), and the schema says so. The
-    # ignore: SQLModel types model_config as its own TypedDict, a superset of pydantic's.
-    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # type: ignore[assignment]
+    # Every measure is in every answer (null when not measured), and the schema says so; the DPO
+    # measures under TRL's names (rewards/chosen), read from the row's columns (rewards_chosen).
+    # The ignore: SQLModel types model_config as its own TypedDict, a superset of pydantic's.
+    model_config = ConfigDict(  # type: ignore[assignment]
+        json_schema_serialization_defaults_required=True,
+        alias_generator=AliasGenerator(serialization_alias=_answered_name),
+    )
 
     time: UTCDateTime
 

@@ -46,6 +46,20 @@ class MetricFields(BaseModel):
     # Share of the step's token slots that held real tokens (the rest is padding).
     real_token_share: Measure = None
     eval_loss: Measure = None
+    # Preference tuning (DPO) only, TRL's DPOTrainer's measures under TRL's names with "_" for
+    # "/" (rewards/chosen is rewards_chosen): the means over the step's pairs of beta times the
+    # policy's log-ratio to the reference for each answer, the share of pairs whose chosen
+    # reward is the higher, and the mean margin; the answers' summed log-probabilities; their
+    # tokens' mean logit. eval_rewards_accuracies: rewards_accuracies on the validation pairs.
+    rewards_chosen: Measure = None
+    rewards_rejected: Measure = None
+    rewards_accuracies: Measure = None
+    rewards_margins: Measure = None
+    logps_chosen: Measure = None
+    logps_rejected: Measure = None
+    logits_chosen: Measure = None
+    logits_rejected: Measure = None
+    eval_rewards_accuracies: Measure = None
 
 
 class PlanEvent(BaseModel):
@@ -115,9 +129,24 @@ class WarningEvent(BaseModel):
     message: str
 
 
+class PhaseEvent(BaseModel):
+    """Work of the ranks before the first step that takes a while, with its progress: today
+    the reference model's log-probabilities of a DPO job's answers (``reference_logps``),
+    ``done`` of ``total`` pairs; ``cached``: found computed (this job's checkpoint, or the
+    host's cache), nothing to compute."""
+
+    type: Literal["phase"] = "phase"
+    name: Literal["reference_logps"]
+    done: int
+    total: int
+    cached: bool = False
+    time: str
+
+
 TrainingEvent = Annotated[
-    PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent, Field(discriminator="type")
+    PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent | PhaseEvent,
+    Field(discriminator="type"),
 ]
-training_event_adapter: TypeAdapter[PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent] = (
-    TypeAdapter(TrainingEvent)
-)
+training_event_adapter: TypeAdapter[
+    PlanEvent | MetricEvent | CheckpointEvent | UploadWaitEvent | WarningEvent | PhaseEvent
+] = TypeAdapter(TrainingEvent)

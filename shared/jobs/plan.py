@@ -11,7 +11,7 @@ This needs transformers (and so torch): the API runs ``compute_plan`` in a child
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -21,9 +21,12 @@ from shared.data.tokenized import TokenizationError
 from shared.deepspeed.auto_values import AutoInputs, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed.config import resolve_deepspeed_config
 from shared.jobs.lora import LoraTargetError, add_lora
-from shared.jobs.spec import JobCreate, LoraOptions, max_positions_of
+from shared.jobs.spec import JobCreate, LoraOptions, TrainingOptions, max_positions_of
 from shared.jobs.validation import Problem
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from shared.data.prepared import TrainingData
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,31 @@ class MemoryEstimate(BaseModel):
     note: str = MEMORY_NOTE
 
 
+class ReferencePass(BaseModel):
+    """A DPO job's pass of the reference model before its first step: the log-probabilities of
+    every pair's chosen and rejected answers, computed once and kept (a forward, no backward)."""
+
+    pairs: int  # every pair of the dataset file (a validation_split's too) and of validation_dataset
+    forward_batches_per_rank: int  # micro-batches of pairs each rank runs forward
+    step_equivalents: float  # its cost in optimizer steps of this job, roughly
+
+
+# A forward without backward costs about a third of a training micro-step (the backward pass
+# costs about twice the forward), whose pair is one concatenated forward of chosen and rejected,
+# as the reference pass's is.
+FORWARD_SHARE_OF_A_STEP = 1 / 3
+
+
+def count_reference_pass(*, pairs: int, world_size: int, micro_batch: int, accumulation: int) -> ReferencePass:
+    """The reference pass over ``pairs`` pairs, shared out over the ranks a micro-batch at a time."""
+    batches = -(-pairs // (world_size * micro_batch))  # ceil(pairs / world_size / micro_batch)
+    return ReferencePass(
+        pairs=pairs,
+        forward_batches_per_rank=batches,
+        step_equivalents=round(batches / accumulation * FORWARD_SHARE_OF_A_STEP, 3),
+    )
+
+
 class JobPlan(BaseModel):
     world_size: int
     resolved_deepspeed_config: dict[str, Any]
@@ -54,6 +82,8 @@ class JobPlan(BaseModel):
     dataset_stats: dict[str, Any]
     steps_per_epoch: int
     total_steps: int
+    # A DPO job's reference pass, before its first step and not in total_steps; None for SFT.
+    reference_pass: ReferencePass | None = None
     parameters: int
     trainable_parameters: int
     memory: MemoryEstimate
@@ -149,11 +179,32 @@ def _count_parameters(
     return parameters, trainable, largest, hidden_size_of(values), max_positions_of(values)
 
 
+def _training_data(job_in: JobCreate, opts: TrainingOptions, tokenizer: Any, settings: Settings) -> TrainingData:
+    """The job's data as the ranks load it (into the same cache); PlanProblems naming the field."""
+    from shared.data.prepared import load_training_data
+
+    try:
+        validation_file = None
+        if job_in.validation_dataset is not None:
+            validation_file = dataset_file(job_in.validation_dataset, settings=settings)
+        return load_training_data(
+            dataset=dataset_file(job_in.dataset, settings=settings),
+            validation_dataset=validation_file,
+            options=opts,
+            tokenizer=tokenizer,
+            cache_dir=settings.cache_dir,
+            max_line_bytes=settings.max_line_bytes,
+        )
+    except (DatasetError, TokenizationError, DatasetSourceError) as e:
+        field = "validation_dataset" if str(e).startswith("validation_dataset") else "dataset"
+        raise PlanProblems([Problem(("body", field), str(e))]) from None
+
+
 def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: Settings) -> JobPlan:
     """Raises PlanProblems for what the user must fix (records, chat template, LoRA targets)."""
     from transformers import AutoTokenizer
 
-    from shared.data.prepared import count_steps_per_epoch, count_total_steps, load_training_data
+    from shared.data.prepared import count_steps_per_epoch, count_total_steps
 
     opts, world_size = job_in.training, job_in.world_size
     try:
@@ -169,22 +220,7 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
         opts = opts.for_model(positions)
     except ValueError as e:
         raise PlanProblems([Problem(("body", "training", "max_seq_length"), str(e))]) from None
-    try:
-        validation_file = None
-        if job_in.validation_dataset is not None:
-            validation_file = dataset_file(job_in.validation_dataset, settings=settings)
-        data = load_training_data(
-            dataset=dataset_file(job_in.dataset, settings=settings),
-            validation_dataset=validation_file,
-            options=opts,
-            tokenizer=tokenizer,
-            cache_dir=settings.cache_dir,
-            max_line_bytes=settings.max_line_bytes,
-        )
-    except (DatasetError, TokenizationError, DatasetSourceError) as e:
-        field = "validation_dataset" if str(e).startswith("validation_dataset") else "dataset"
-        raise PlanProblems([Problem(("body", field), str(e))]) from None
-
+    data = _training_data(job_in, opts, tokenizer, settings)
     inputs = AutoInputs(opts, world_size, hidden_size=hidden)
     batch = resolve_deepspeed_config(without_auto(fill_auto(deepspeed_config, inputs)), world_size=world_size)
     steps_per_epoch = count_steps_per_epoch(
@@ -194,6 +230,14 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
         accumulation=batch.gradient_accumulation_steps,
     )
     total_steps = count_total_steps(steps_per_epoch, opts)
+    reference_pass = None
+    if opts.method == "dpo":  # a DPO job's rows are pairs, its validation rows too
+        reference_pass = count_reference_pass(
+            pairs=len(data.rows) + len(data.validation_rows or []),
+            world_size=world_size,
+            micro_batch=batch.micro_batch_per_gpu,
+            accumulation=batch.gradient_accumulation_steps,
+        )
     resolved = fill_auto(deepspeed_config, AutoInputs(opts, world_size, hidden_size=hidden, total_steps=total_steps))
     return JobPlan(
         world_size=world_size,
@@ -204,6 +248,7 @@ def compute_plan(job_in: JobCreate, deepspeed_config: dict[str, Any], settings: 
         dataset_stats=data.stats(),
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
+        reference_pass=reference_pass,
         parameters=parameters,
         trainable_parameters=trainable,
         memory=estimate_memory(

@@ -35,11 +35,74 @@ class LoraOptions(BaseModel):
 
 DEFAULT_MAX_SEQ_LENGTH = 512  # when the model's own limit is not smaller
 
+TrainingMethod = Literal["sft", "dpo"]
+DpoLossType = Literal["sigmoid", "ipo", "hinge"]
+
+
+class DpoOptions(BaseModel):
+    """Direct preference optimisation (``training.method: "dpo"``), as TRL's ``DPOTrainer``
+    defines each option (``worker.rank.preference_loss`` computes the loss).
+
+    The reference model is the job's starting weights, frozen; its log-probabilities of every
+    answer are computed once before the first step and kept (``worker.rank.reference_logps``).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    beta: float = Field(
+        default=0.1,
+        gt=0,
+        le=1000,
+        description="How far the policy may move from the reference: TRL's beta (for ipo, the paper's tau).",
+    )
+    loss_type: DpoLossType = Field(
+        default="sigmoid",
+        description="sigmoid (the DPO paper's loss), ipo or hinge, as TRL defines them.",
+    )
+    sft_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="Add this weight times the chosen answers' NLL (TRL's loss_type [..., 'sft']: the RPO recipe).",
+    )
+    label_smoothing: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="sigmoid only: the preference is taken as flipped with this probability (conservative DPO).",
+    )
+    normalize_by_length: bool = Field(
+        default=False,
+        description="Divide each answer's log-ratio by its token count before the loss (ipo always does).",
+    )
+
+    @model_validator(mode="after")
+    def _smoothing_is_sigmoid(self) -> DpoOptions:
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise ValueError(
+                f"training.dpo.label_smoothing applies to the sigmoid loss only, not {self.loss_type}: set it to 0"
+            )
+        return self
+
+    @property
+    def length_normalized(self) -> bool:
+        """Whether the loss divides the log-ratios by the answers' lengths (TRL's ipo always does)."""
+        return self.normalize_by_length or self.loss_type == "ipo"
+
 
 class TrainingOptions(BaseModel):
     """Training-loop knobs. Batch sizes, optimizer and precision come from the DeepSpeed config."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    method: TrainingMethod = Field(
+        default="sft",
+        description="sft: supervised fine-tuning on text, prompt_completion or messages records. dpo: direct "
+        "preference optimisation on preference records (a prompt, a preferred and a rejected answer).",
+    )
+    dpo: DpoOptions | None = Field(
+        default=None, description="The DPO loss's settings (method dpo only); left out, DPO's defaults."
+    )
 
     epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset (unless max_steps is set).")
     max_steps: int | None = Field(
@@ -131,6 +194,25 @@ class TrainingOptions(BaseModel):
     warmup_steps: int = Field(default=0, ge=0, description="Fills scheduler warmup_num_steps: auto.")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Used when warmup_steps is 0.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(default="fp32", description="Fills fp16/bf16 enabled: auto.")
+
+    @model_validator(mode="after")
+    def _method_options(self) -> TrainingOptions:
+        """DPO's options belong to DPO, and its pairs are neither packed nor laid end to end."""
+        if self.method != "dpo":
+            if self.dpo is not None:
+                raise ValueError('training.dpo is for training.method "dpo": set the method, or leave dpo out')
+            return self
+        for name in ("dataset_format", "packing"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"training.{name} is for supervised fine-tuning: a DPO job trains on preference records "
+                    "(one pair a row), detected by their fields; leave it out"
+                )
+        if self.padding_free:
+            raise ValueError("training.padding_free is for supervised fine-tuning, not DPO: leave it out")
+        if self.dpo is None:
+            self.dpo = DpoOptions()
+        return self
 
     def for_model(self, max_positions: int | None) -> TrainingOptions:
         """These options with ``max_seq_length`` settled for a model of ``max_positions``

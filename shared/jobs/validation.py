@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.data.preference import read_preference_records
 from shared.data.records import DatasetError, read_records
 from shared.data.remote import local_path, parse_dataset_uri
 from shared.data.uploaded_files import is_file_id
@@ -116,8 +117,11 @@ def check_dataset(value: str, settings: Settings) -> Path | None:
 
 
 def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field: str) -> list[Problem]:
-    """Read a local dataset's records now, so a bad record fails the submit, not the run. An
-    uploaded file's were read at upload (that it is the caller's is the API's check)."""
+    """Read a local dataset's records now, so a bad record fails the submit, not the run: a DPO
+    job's as preference records (``read_preference_records``), which refuses supervised ones
+    whole, an SFT job's as SFT records (``read_records``), which refuses preference ones whole.
+    An uploaded file's were read at upload (that it is the caller's, and holds what the job's
+    method trains on, is the API's check: ``api.jobs_service.uploaded_file_problems``)."""
     if is_file_id(value):
         if job_in.training.dataset_format not in (None, "messages"):
             return [
@@ -130,7 +134,9 @@ def dataset_problems(value: str, job_in: JobCreate, settings: Settings, *, field
         return []
     try:
         path = check_dataset(value, settings)
-        if path is not None:
+        if path is not None and job_in.training.method == "dpo":
+            read_preference_records(path, max_line_bytes=settings.max_line_bytes)
+        elif path is not None:
             read_records(path, dataset_format=job_in.training.dataset_format, max_line_bytes=settings.max_line_bytes)
     except (DatasetError, ValueError) as e:
         return [Problem(("body", field), str(e))]

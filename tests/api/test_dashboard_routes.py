@@ -24,6 +24,7 @@ def test_root_serves_the_dashboard_page(client: TestClient) -> None:
     assert 'src="/dashboard/dashboard.js"' in response.text
     assert 'id="loss-chart"' in response.text and 'id="lr-chart"' in response.text
     assert 'id="nodes-table"' in response.text  # a multi-node job's nodes (dashboard.js renderNodes)
+    assert 'id="rewards-chart"' in response.text and 'id="accuracy-chart"' in response.text  # a DPO job's
 
 
 @pytest.mark.parametrize(

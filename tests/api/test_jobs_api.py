@@ -186,6 +186,59 @@ def test_metrics_come_a_page_at_a_time_or_downsampled_for_a_chart(client: TestCl
     assert [m["step"] for m in api.metrics(job_id, points=100)] == list(range(25, 2501, 25))
 
 
+def test_a_dpo_jobs_measures_and_phase_come_back_under_trls_names(
+    client: TestClient, body: dict[str, Any], tmp_path: Path
+) -> None:
+    """As the worker ingests them: /metrics answers rewards/chosen and the rest (paged and
+    downsampled alike), the job shows its phase, the events carry the phase reports."""
+    from sqlmodel import Session
+
+    from tests.worker.test_ingest import DPO_MEASURES, dpo_metric, metric, phase
+    from worker.ingest import EventIngestor
+
+    job_id = client.post("/jobs", json=body).json()["id"]
+    events = tmp_path / "events-1.jsonl"
+    lines = [phase(0, 8), phase(8, 8), *(dpo_metric(step, rewards_margins=step / 10) for step in range(1, 5))]
+    events.write_text("\n".join([*lines, metric(5, 0.5)]) + "\n")
+    with Session(get_engine()) as session:
+        assert EventIngestor(events_path=events, log_path=None, job_id=uuid.UUID(job_id)).poll(session) == 7
+
+    trl = {
+        "rewards/chosen": 0.5,
+        "rewards/rejected": -0.25,
+        "rewards/accuracies": 0.75,
+        "rewards/margins": 0.1,  # step 1's
+        "logps/chosen": -12.5,
+        "logps/rejected": -20.0,
+        "logits/chosen": 0.125,
+        "logits/rejected": -0.125,
+        "eval_rewards/accuracies": 0.875,
+    }
+    assert len(trl) == len(DPO_MEASURES)
+    rows = client.get(f"/jobs/{job_id}/metrics").json()["data"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert {name: rows[0][name] for name in trl} == trl
+    assert not set(DPO_MEASURES) & set(rows[0])  # only under TRL's names
+    assert rows[0]["loss"] == 0.6 and rows[0]["eval_loss"] is None  # the others keep their names
+    assert all(rows[4][name] is None for name in trl)  # every measure in every row, null when not measured
+    chart = client.get(f"/jobs/{job_id}/metrics", params={"points": 2}).json()["data"]
+    assert [(r["step"], r["rewards/margins"]) for r in chart] == [(3, 0.3), (5, None)]
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["MetricPublic"]
+    assert set(trl) <= set(schema["required"])
+
+    job = client.get(f"/jobs/{job_id}").json()
+    assert job["phase"] == {
+        "name": "reference_logps",
+        "done": 8,
+        "total": 8,
+        "cached": False,
+        "time": "2026-01-01T00:00:00Z",
+    }
+    stream = client.get(f"/jobs/{job_id}/events").json()["data"]
+    assert [(e["type"], e["data"].get("done")) for e in stream if e["type"] == "phase"] == [("phase", 0), ("phase", 8)]
+    assert [e["data"]["rewards_accuracies"] for e in stream if e["type"] == "metric"] == [0.75] * 4 + [None]
+
+
 def test_metrics_checkpoints_and_logs_of_a_new_job(client: TestClient, body: dict[str, Any]) -> None:
     job_id = client.post("/jobs", json=body).json()["id"]
     metrics = client.get(f"/jobs/{job_id}/metrics").json()
@@ -465,6 +518,153 @@ def test_a_preference_file_is_a_422_naming_the_method_and_leaves_no_row(
         f"pairs.jsonl holds preference records ({evidence}), for preference tuning (DPO), which a supervised "
         "fine-tuning (SFT) job cannot train on: an SFT job trains on text, prompt_completion or messages records"
     ), problem
+    assert job_count() == 0
+
+
+TEXT_PAIRS = [
+    {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."},
+    {"chosen": "Grass is green.", "rejected": "Grass is red."},  # TRL's implicit prompt
+]
+DPO_DEFAULTS = {"beta": 0.1, "loss_type": "sigmoid", "sft_weight": 0.0, "label_smoothing": 0.0}
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def test_a_dpo_job_on_trl_text_pairs_is_accepted_with_dpo_s_defaults_filled(
+    client: TestClient, body: dict[str, Any], dataset: Path
+) -> None:
+    pairs = write_jsonl(dataset.with_name("pairs.jsonl"), TEXT_PAIRS)
+    request = {**body, "dataset": str(pairs), "validation_dataset": str(pairs), "training": {"method": "dpo"}}
+    response = client.post("/jobs", json=request)
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["training"]["method"] == "dpo"
+    assert job["training"]["dpo"] == {**DPO_DEFAULTS, "normalize_by_length": False}
+    assert client.get(f"/jobs/{job['id']}").json() == job
+    # Given in part, the rest are DPO's defaults.
+    given = client.post("/jobs", json={**request, "training": {"method": "dpo", "dpo": {"beta": 0.5}}})
+    assert given.status_code == 201, given.text
+    assert given.json()["training"]["dpo"] == {**DPO_DEFAULTS, "beta": 0.5, "normalize_by_length": False}
+    # OpenAI's door shows the native DPO job as OpenAI shows a DPO job.
+    shown = client.get(f"/v1/fine_tuning/jobs/ftjob-{uuid.UUID(job['id']).hex}").json()["method"]
+    assert shown["type"] == "dpo" and shown.keys() == {"type", "dpo"}
+    assert shown["dpo"]["hyperparameters"]["beta"] == 0.1
+
+
+USER = {"role": "user", "content": "Who sees a tree?"}
+DOG = {"role": "assistant", "content": "A dog."}
+# Each bad line 2 after a good line 1 of its shape, and how the refusal starts after the file's name.
+BAD_PAIRS = [
+    (
+        "missing-rejected",
+        TEXT_PAIRS[0],
+        {"prompt": "Who?", "chosen": " A cat."},
+        'line 2 field "rejected" is missing: a preference record needs two answers',
+    ),
+    (
+        "empty-preferred-output",
+        OPENAI_DPO,
+        {**OPENAI_DPO, "preferred_output": [{"role": "assistant", "content": ""}]},
+        'line 2 field "preferred_output" is empty: give the assistant\'s answer',
+    ),
+    (
+        "empty-chosen",
+        TEXT_PAIRS[0],
+        {"prompt": "Who?", "chosen": "", "rejected": " A dog."},
+        'line 2 field "chosen" is empty',
+    ),
+    (
+        "no-assistant-turn",
+        {"chosen": [USER, DOG], "rejected": [USER, {**DOG, "content": "A cat."}]},
+        {"chosen": [USER], "rejected": [USER, DOG]},
+        'line 2 field "chosen" has no assistant answer after the message it shares with the other',
+    ),
+    (
+        "answer-not-assistant",
+        {"prompt": [USER], "chosen": [DOG], "rejected": [{**DOG, "content": "A cat."}]},
+        {"prompt": [USER], "chosen": [USER], "rejected": [DOG]},
+        'line 2 field chosen[0].role must be "assistant"',
+    ),
+    (
+        "chosen-is-rejected",
+        TEXT_PAIRS[0],
+        {"prompt": "Who?", "chosen": " A dog.", "rejected": " A dog."},
+        'line 2 field "rejected" is identical to chosen: a pair\'s answers must differ',
+    ),
+]
+
+
+@pytest.mark.parametrize("operation", ["/jobs", "/jobs/plan"])
+@pytest.mark.parametrize("field", ["dataset", "validation_dataset"])
+@pytest.mark.parametrize(("good", "bad", "said"), [case[1:] for case in BAD_PAIRS], ids=[case[0] for case in BAD_PAIRS])
+def test_a_bad_pair_is_a_422_naming_its_line_and_field_and_leaves_no_row(
+    client: TestClient,
+    body: dict[str, Any],
+    dataset: Path,
+    operation: str,
+    field: str,
+    good: dict[str, Any],
+    bad: dict[str, Any],
+    said: str,
+) -> None:
+    pairs = write_jsonl(dataset.with_name("pairs.jsonl"), [good, good])
+    bad_pairs = write_jsonl(dataset.with_name("bad.jsonl"), [good, bad, good])
+    request = {**body, "dataset": str(pairs), "training": {"method": "dpo"}, field: str(bad_pairs)}
+    response = client.post(operation, json=request)
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["detail"]
+    assert problem["loc"] == ["body", field]
+    assert problem["msg"].startswith(f"bad.jsonl: {said}"), problem
+    assert job_count() == 0
+
+
+@pytest.mark.parametrize("operation", ["/jobs", "/jobs/plan"])
+@pytest.mark.parametrize(
+    ("record", "evidence"),
+    [
+        ({"text": "hello world"}, '"text"'),
+        ({"messages": [USER, DOG]}, '"messages"'),
+        ({"prompt": "Who?", "completion": " A dog."}, '"prompt" and "completion"'),
+    ],
+)
+def test_a_supervised_file_on_a_dpo_job_is_a_422_naming_the_method_and_leaves_no_row(
+    client: TestClient, body: dict[str, Any], dataset: Path, operation: str, record: dict[str, Any], evidence: str
+) -> None:
+    sft = write_jsonl(dataset.with_name("sft.jsonl"), [record, record])
+    response = client.post(operation, json={**body, "dataset": str(sft), "training": {"method": "dpo"}})
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["detail"]
+    assert problem["loc"] == ["body", "dataset"]
+    assert problem["msg"].startswith(
+        f"sft.jsonl holds supervised records (line 1 has {evidence}), for supervised fine-tuning (SFT), which a "
+        'DPO job cannot train on: a DPO job trains on preference records, like {"prompt": "...", "chosen"'
+    ), problem
+    assert job_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("training", "said"),
+    [
+        ({"dpo": {"beta": 0.2}}, 'training.dpo is for training.method "dpo": set the method, or leave dpo out'),
+        ({"method": "sft", "dpo": {}}, 'training.dpo is for training.method "dpo"'),
+        ({"method": "dpo", "packing": True}, "training.packing is for supervised fine-tuning: a DPO job trains on"),
+        ({"method": "dpo", "dataset_format": "text"}, "training.dataset_format is for supervised fine-tuning"),
+        ({"method": "dpo", "dpo": {"beta": 0}}, "greater than 0"),
+        ({"method": "dpo", "dpo": {"loss_type": "ipo", "label_smoothing": 0.1}}, "sigmoid loss only"),
+    ],
+)
+def test_dpo_options_out_of_place_are_a_422_naming_the_field_and_leave_no_row(
+    client: TestClient, body: dict[str, Any], dataset: Path, training: dict[str, Any], said: str
+) -> None:
+    pairs = write_jsonl(dataset.with_name("pairs.jsonl"), TEXT_PAIRS)
+    for operation in ("/jobs", "/jobs/plan"):
+        response = client.post(operation, json={**body, "dataset": str(pairs), "training": training})
+        assert response.status_code == 422, response.text
+        (problem,) = response.json()["detail"]
+        assert problem["loc"][:2] == ["body", "training"] and said in problem["msg"], problem
     assert job_count() == 0
 
 

@@ -15,8 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from fastapi.testclient import TestClient
+from openai import OpenAI
+from openai.types.fine_tuning import DpoHyperparametersParam
 from sqlmodel import Session, func, select
 
 from api.v1.hyperparameters import pretraining_learning_rate
@@ -148,7 +151,10 @@ def test_given_hyperparameters_set_the_batch_layout_and_the_learning_rate(client
         ({"training_file": "file-" + "x" * 24}, "training_file", "no file"),
         ({"training_file": "train.jsonl"}, "training_file", "no file"),
         ({"validation_file": "file-" + "y" * 24}, "validation_file", "no file"),
-        ({"method": {"type": "dpo"}}, "method.type", "supervised"),
+        ({"method": {"type": "reinforcement"}}, "method.type", "not one tuneq runs yet: use 'supervised' or 'dpo'"),
+        ({"method": {"type": "dpo"}}, "training_file", "which method 'dpo' cannot train on"),
+        ({"method": {"type": "supervised", "dpo": {}}}, "method.dpo", "is for method.type 'dpo', not 'supervised'"),
+        ({"method": {"type": "dpo", "supervised": {}}}, "method.supervised", "set method.type to 'supervised'"),
         ({"hyperparameters": {"n_epochs": 0}}, "hyperparameters.n_epochs", "between 1 and 50"),
         (
             {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 9}}}},
@@ -188,21 +194,19 @@ def test_a_supervised_job_on_a_dpo_file_is_a_400_naming_the_method_and_leaves_no
 ) -> None:
     dpo = upload(client, record=OPENAI_DPO)  # accepted at upload, as OpenAI accepts it
     chat = upload(client)
-    for request, param in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"training_file": dpo}, "training_file"),
         ({"training_file": dpo, "method": {"type": "supervised"}}, "training_file"),
         ({"training_file": chat, "validation_file": dpo}, "validation_file"),
-    ]:
+    ]
+    for request, param in cases:
         refused = error_of(create(client, model=str(model_dir), **request), 400)
         assert refused["param"] == param, refused
-        assert refused["message"].startswith(
+        assert refused["message"] == (
             f"{param} {dpo} holds preference records (OpenAI's DPO format: input, preferred_output, "
-            "non_preferred_output), which method 'supervised' cannot train on"
+            "non_preferred_output), which method 'supervised' cannot train on: a supervised job trains on chat "
+            'records like {"messages": [...]}; upload such a file, or train this one with method {"type": "dpo"}'
         ), refused
-        assert "method 'dpo', which trains on preference records, is not one tuneq runs yet" in refused["message"]
-    # DPO itself is refused as before, until tuneq runs it.
-    dpo_method = error_of(create(client, model=str(model_dir), training_file=dpo, method={"type": "dpo"}), 400)
-    assert dpo_method["param"] == "method.type" and "not one tuneq runs yet" in dpo_method["message"]
     # The native API refuses it as a dataset too, naming the field and the method.
     native = client.post("/jobs", json=body | {"dataset": dpo})
     assert native.status_code == 422, native.text
@@ -210,6 +214,136 @@ def test_a_supervised_job_on_a_dpo_file_is_a_400_naming_the_method_and_leaves_no
     assert problem["loc"] == ["body", "dataset"]
     assert problem["msg"].startswith(f"file {dpo} holds preference records (uploaded in OpenAI's DPO format")
     assert "which a supervised fine-tuning (SFT) job cannot train on" in problem["msg"]
+    assert job_rows() == 0
+
+
+def test_a_dpo_job_on_a_chat_file_is_a_400_naming_the_method_and_leaves_no_job(
+    client: TestClient, model_dir: Path, body: dict[str, Any]
+) -> None:
+    dpo = upload(client, record=OPENAI_DPO)
+    chat = upload(client)
+    for request, param in [
+        ({"training_file": chat}, "training_file"),
+        ({"training_file": dpo, "validation_file": chat}, "validation_file"),
+    ]:
+        refused = error_of(create(client, model=str(model_dir), method={"type": "dpo"}, **request), 400)
+        assert refused["param"] == param, refused
+        assert refused["message"].startswith(
+            f"{param} {chat} holds chat records (OpenAI's chat format: messages), which method 'dpo' cannot train "
+            'on: a DPO job trains on preference records like {"input": {"messages": '
+        ), refused
+        assert refused["message"].endswith("upload such a file, or train this one with method 'supervised'")
+    # The native API: a DPO job's dataset must be a DPO upload, an SFT job's must not.
+    for field in ("dataset", "validation_dataset"):
+        native = client.post("/jobs", json=body | {"dataset": dpo, field: chat, "training": {"method": "dpo"}})
+        assert native.status_code == 422, native.text
+        (problem,) = native.json()["detail"]
+        assert problem["loc"] == ["body", field]
+        assert problem["msg"].startswith(
+            f"file {chat} holds supervised records (uploaded in OpenAI's chat format: messages), for supervised "
+            "fine-tuning (SFT), which a DPO job cannot train on: a DPO job trains on preference records, like"
+        ), problem
+    assert job_rows() == 0
+    accepted = client.post("/jobs", json=body | {"dataset": dpo, "training": {"method": "dpo"}})
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["training"]["method"] == "dpo" and accepted.json()["training"]["dpo"]["beta"] == 0.1
+
+
+def test_the_sdk_creates_a_dpo_job_from_an_openai_dpo_file_with_a_tool_call(
+    client: TestClient, model_dir: Path
+) -> None:
+    """The unmodified official SDK, over the app's HTTP (its http_client is the test client)."""
+    sdk = OpenAI(base_url=f"{client.base_url}/v1", api_key="local", http_client=client, max_retries=0)
+    assert OPENAI_DPO["preferred_output"][0]["tool_calls"]  # the preferred answer calls a tool
+    content = "".join(json.dumps(OPENAI_DPO) + "\n" for _ in range(8)).encode()
+    file = sdk.files.create(file=("dpo.jsonl", content), purpose="fine-tune")
+    auto: DpoHyperparametersParam = {
+        "beta": "auto",
+        "batch_size": "auto",
+        "learning_rate_multiplier": "auto",
+        "n_epochs": "auto",
+    }
+    job = sdk.fine_tuning.jobs.create(
+        model=str(model_dir), training_file=file.id, method={"type": "dpo", "dpo": {"hyperparameters": auto}}
+    )
+    # 8 pairs, resolved as 8 supervised examples are; beta "auto" is 0.1.
+    resolved = {"n_epochs": 13, "batch_size": 1, "learning_rate_multiplier": 0.05}
+    assert job.status == "queued" and job.training_file == file.id
+    assert job.method is not None and job.method.type == "dpo" and job.method.supervised is None
+    assert job.method.dpo is not None and job.method.dpo.hyperparameters is not None
+    assert job.method.dpo.hyperparameters.model_dump() == {**resolved, "beta": 0.1}
+    assert job.hyperparameters.model_dump() == resolved  # OpenAI's deprecated place: the shared three
+    assert sdk.fine_tuning.jobs.retrieve(job.id) == job
+    assert [j.id for j in sdk.fine_tuning.jobs.list()] == [job.id]
+    shown = client.get(f"/v1/fine_tuning/jobs/{job.id}").json()
+    assert shown["method"] == {"type": "dpo", "dpo": {"hyperparameters": {**resolved, "beta": 0.1}}}
+    assert shown["hyperparameters"] == resolved
+    # The native job: DPO with that beta and DPO's other defaults.
+    training = native(client, job.id)["training"]
+    assert training["method"] == "dpo" and training["packing"] is None
+    assert training["dpo"] == {
+        "beta": 0.1,
+        "loss_type": "sigmoid",
+        "sft_weight": 0.0,
+        "label_smoothing": 0.0,
+        "normalize_by_length": False,
+    }
+    assert (training["epochs"], training["micro_batch_size"], training["gradient_accumulation_steps"]) == (13, 1, 1)
+    assert training["learning_rate"] == pytest.approx(0.05 * pretraining_learning_rate({}))
+
+    # Given values are kept; the method left without hyperparameters is all "auto".
+    given: DpoHyperparametersParam = {"beta": 0.5, "batch_size": 2, "learning_rate_multiplier": 0.2, "n_epochs": 1}
+    second = sdk.fine_tuning.jobs.create(
+        model=str(model_dir), training_file=file.id, method={"type": "dpo", "dpo": {"hyperparameters": given}}
+    )
+    assert second.method is not None and second.method.dpo is not None and second.method.dpo.hyperparameters
+    assert second.method.dpo.hyperparameters.model_dump() == given
+    assert native(client, second.id)["training"]["dpo"]["beta"] == 0.5
+    bare = sdk.fine_tuning.jobs.create(model=str(model_dir), training_file=file.id, method={"type": "dpo"})
+    assert bare.method is not None and bare.method.dpo is not None and bare.method.dpo.hyperparameters
+    assert bare.method.dpo.hyperparameters.beta == 0.1
+
+    # The wrong file for the method: OpenAI's 400, naming the file's parameter and the method.
+    chat = sdk.files.create(file=("chat.jsonl", json.dumps(RECORD).encode() + b"\n"), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError) as on_chat:
+        sdk.fine_tuning.jobs.create(model=str(model_dir), training_file=chat.id, method={"type": "dpo"})
+    assert on_chat.value.param == "training_file" and "which method 'dpo' cannot train on" in on_chat.value.message
+    with pytest.raises(openai.BadRequestError) as on_dpo:
+        sdk.fine_tuning.jobs.create(model=str(model_dir), training_file=file.id, method={"type": "supervised"})
+    assert on_dpo.value.param == "training_file"
+    assert "which method 'supervised' cannot train on" in on_dpo.value.message
+    assert job_rows() == 3
+
+
+@pytest.mark.parametrize(
+    ("method", "top", "param", "words"),
+    [
+        ({"hyperparameters": {"beta": 0}}, None, "method.dpo.hyperparameters.beta", "more than 0 and at most 2"),
+        ({"hyperparameters": {"beta": 2.5}}, None, "method.dpo.hyperparameters.beta", "more than 0 and at most 2"),
+        ({"hyperparameters": {"beta": "high"}}, None, "method.dpo.hyperparameters.beta", "'auto' or a number"),
+        ({"hyperparameters": {"batch_size": 9}}, None, "method.dpo.hyperparameters.batch_size", "the 8 examples"),
+        ({"hyperparameters": {"n_epochs": 51}}, None, "method.dpo.hyperparameters.n_epochs", "between 1 and 50"),
+        ({"hyperparameters": {"gamma": 1}}, None, "method.dpo.hyperparameters.gamma", "Extra inputs"),
+        ({}, {"n_epochs": 2}, "hyperparameters", "under method.dpo.hyperparameters"),
+    ],
+)
+def test_a_bad_dpo_request_is_a_400_naming_the_parameter_and_leaves_no_job(
+    client: TestClient,
+    model_dir: Path,
+    method: dict[str, Any],
+    top: dict[str, Any] | None,
+    param: str,
+    words: str,
+) -> None:
+    request: dict[str, Any] = {
+        "model": str(model_dir),
+        "training_file": upload(client, record=OPENAI_DPO),
+        "method": {"type": "dpo", "dpo": method},
+    }
+    if top is not None:
+        request["hyperparameters"] = top
+    refused = error_of(create(client, **request), 400)
+    assert refused["param"] == param and words in refused["message"], refused
     assert job_rows() == 0
 
 
@@ -463,3 +597,19 @@ def test_a_file_uploaded_before_records_were_counted_is_counted_once(client: Tes
     with Session(get_engine()) as session:
         counted = session.get(File, file_id)
         assert counted is not None and counted.records == 40
+
+
+def test_a_dpo_jobs_reference_pass_is_listed_as_messages(client: TestClient, model_dir: Path) -> None:
+    job = create(client, model=str(model_dir), training_file=upload(client)).json()
+    job_id = uuid.UUID(job["id"].removeprefix("ftjob-"))
+    with Session(get_engine()) as session:
+        for done, cached in ((40, False), (96, False), (96, True)):
+            data = {"name": "reference_logps", "done": done, "total": 96, "cached": cached, "time": "t"}
+            session.add(JobEvent(job_id=job_id, type=EventType.phase, data=data))
+        session.commit()
+    events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"limit": 3}).json()["data"]
+    assert [(e["type"], e["message"], e["data"]) for e in events] == [
+        ("message", "Reference log-probabilities found computed (96 pairs)", {"done": 96, "total": 96}),
+        ("message", "Computing reference log-probabilities: 96/96 pairs", {"done": 96, "total": 96}),
+        ("message", "Computing reference log-probabilities: 40/96 pairs", {"done": 40, "total": 96}),
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.v1.fine_tuning_objects import SupervisedHyperparameters
+from api.v1.fine_tuning_objects import DpoHyperparameters, SupervisedHyperparameters
 from api.v1.hyperparameters import (
     DEFAULT_PRETRAINING_LEARNING_RATE,
     HyperparameterError,
@@ -13,6 +13,7 @@ from api.v1.hyperparameters import (
     auto_learning_rate_multiplier,
     batch_layout,
     pretraining_learning_rate,
+    resolve_dpo_hyperparameters,
     resolve_hyperparameters,
 )
 
@@ -41,6 +42,19 @@ def test_given_values_are_kept_and_checked_against_the_file() -> None:
     with pytest.raises(HyperparameterError) as refused:
         resolve_hyperparameters(given, examples=3, param_prefix="hyperparameters")
     assert refused.value.param == "hyperparameters.batch_size"
+
+
+def test_dpo_resolves_as_supervised_over_pairs_and_beta_auto_is_a_tenth() -> None:
+    prefix = "method.dpo.hyperparameters"
+    resolved = resolve_dpo_hyperparameters(DpoHyperparameters(), examples=40, param_prefix=prefix)
+    supervised = resolve_hyperparameters(SupervisedHyperparameters(), examples=40, param_prefix=prefix)
+    assert resolved.model_dump() == {**supervised.model_dump(), "beta": 0.1}
+    assert resolve_dpo_hyperparameters(DpoHyperparameters(beta=2), examples=40, param_prefix=prefix).beta == 2.0
+    for beta in (0, -0.1, 2.01):
+        with pytest.raises(HyperparameterError) as refused:
+            resolve_dpo_hyperparameters(DpoHyperparameters(beta=beta), examples=40, param_prefix=prefix)
+        assert refused.value.param == "method.dpo.hyperparameters.beta"
+        assert str(refused.value) == "beta must be more than 0 and at most 2, or 'auto' (0.1)"
 
 
 def test_the_pretraining_rate_is_the_family_s_and_ten_times_it_for_lora() -> None:

@@ -409,6 +409,48 @@ def test_follow_state_lines_and_eta() -> None:
     assert state.outcome_line() == f"job {JOB_ID} succeeded at step 2/4 (loss 2.0000)"
 
 
+def test_a_dpo_jobs_follow_shows_the_reference_pass_and_the_rewards() -> None:
+    state = FollowState.from_job(job("running", total_steps=4))
+    phase = {"name": "reference_logps", "done": 120, "total": 400, "cached": False, "time": "2026-12-02T10:00:00Z"}
+    dpo = {**metric(1, 10, loss=0.69), "rewards_accuracies": 0.75, "rewards_margins": 0.3125, "rewards_chosen": 0.1}
+    lines = [
+        state.apply(_event(1, "phase", phase)),
+        state.apply(_event(2, "phase", {**phase, "done": 400, "cached": True})),
+        state.apply(_event(3, "metric", dpo)),
+        state.apply(_event(4, "metric", metric(2, 12, loss=0.6))),  # a step without them keeps the last
+    ]
+    assert lines == [
+        "reference log-probabilities: 120/400 pairs",
+        "reference log-probabilities: found cached (400 pairs)",
+        "step 1/4 loss 0.6900 1500 tok/s eta ? rewards/accuracies 0.7500 rewards/margins 0.3125",
+        "step 2/4 loss 0.6000 1500 tok/s eta 4s rewards/accuracies 0.7500 rewards/margins 0.3125",
+    ]
+    # An SFT job's line is as it was.
+    assert FollowState.from_job(job("running", latest_metrics=metric(1, 10))).progress_text.endswith("eta ?")
+
+
+def test_show_a_dpo_job(api: FakeApi) -> None:
+    latest = {**metric(3, 10, loss=0.5), "rewards_chosen": 0.4, "rewards_rejected": -0.2}
+    latest.update(rewards_margins=0.6, rewards_accuracies=0.875, eval_rewards_accuracies=None)
+    phase = {"name": "reference_logps", "done": 400, "total": 400, "cached": False, "time": "2026-12-02T10:00:00Z"}
+    api.json("GET", f"/jobs/{JOB_ID}", job("running", step=3, latest_metrics=latest, phase=phase))
+    api.json("GET", f"/jobs/{JOB_ID}/checkpoints", {"data": []})
+    shown = invoke(api, "show", JOB_ID)
+    assert shown.exit_code == 0, shown.output
+    lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
+    assert "phase reference log-probabilities: 400/400 pairs" in lines
+    assert [line for line in lines if line.startswith("rewards/")] == [
+        "rewards/chosen 0.4000",
+        "rewards/rejected -0.2000",
+        "rewards/margins 0.6000",
+        "rewards/accuracies 0.8750",
+    ]
+    assert not any(line.startswith("eval_rewards") for line in lines)  # not measured at this step
+    api.json("GET", f"/jobs/{JOB_ID}", job("running", step=3, latest_metrics=metric(3, 10)))
+    sft = [" ".join(line.split()) for line in invoke(api, "show", JOB_ID).stdout.splitlines()]
+    assert not any(line.startswith(("rewards/", "phase")) for line in sft)
+
+
 def test_outcomes_and_exit_codes() -> None:
     failed = FollowState.from_job(
         job("failed", step=3, total_steps=8, error={"code": "training_error", "message": "OOM"})

@@ -239,6 +239,16 @@ def succeeded_with_losses(tuneq: Tuneq, request: dict[str, Any]) -> tuple[dict[s
     return job, [m["loss"] for m in tuneq.get(f"/jobs/{job['id']}/metrics")["data"]]
 
 
+def all_events(tuneq: Tuneq, job_id: str) -> list[dict[str, Any]]:
+    """Every event of the job, page after page (``GET /jobs/{id}/events`` answers 1000 at most)."""
+    events: list[dict[str, Any]] = []
+    cursor = 0
+    while page := tuneq.get(f"/jobs/{job_id}/events?limit=1000&after={cursor}")["data"]:
+        events += page
+        cursor = page[-1]["id"]
+    return events
+
+
 def wait_until(predicate: Any, *, timeout: float, what: str, tuneq: Tuneq) -> Any:
     """``predicate()``'s first truthy value, polled until ``timeout``; else a TimeoutError
     saying ``what`` did not happen, with the end of the service's log."""

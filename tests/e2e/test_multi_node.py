@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from cli.samples import build_tiny_model, seed_config, write_text_dataset
+from cli.samples import build_tiny_model, seed_config, write_preference_dataset, write_text_dataset
 from tests.services import LoopbackS3, fresh_postgres_schema
 from worker.warm_start import ZYGOTE_MODULE
 
@@ -29,6 +29,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("multi-node") / "data"
     build_tiny_model(data / "tiny-gpt-neo")
     write_text_dataset(data / "train.jsonl", records=64)
+    write_preference_dataset(data / "pairs.jsonl", records=48)
     return data
 
 
@@ -118,6 +119,20 @@ def test_two_nodes_train_as_one_node_with_two_ranks(cluster: Tuneq, data: Path) 
     for worker in cluster.processes[1:]:
         processes = psutil.Process(worker.pid).children(recursive=True)
         assert [ZYGOTE_MODULE in command_line(p) for p in processes].count(True) == 1
+
+
+def test_a_dpo_gang_scores_the_reference_across_nodes_and_trains_as_one_node(cluster: Tuneq, data: Path) -> None:
+    """Each node scores its ranks' share of the pairs, and every rank gets every score: the two
+    nodes train as one node of two ranks does, step for step."""
+    dpo = body(data, dataset=str(data / "pairs.jsonl"))
+    dpo["training"] = {**dpo["training"], "method": "dpo", "dpo": {"beta": 0.5}}
+    gang = cluster.wait(cluster.submit({**dpo, "num_gpus": 1, "num_nodes": 2})["id"], timeout=300)
+    assert gang["status"] == "succeeded", (gang["error"], cluster.log_tail())
+    single = cluster.wait(cluster.submit({**dpo, "num_gpus": 2})["id"], timeout=300)
+    assert single["status"] == "succeeded", single["error"]
+    assert losses(cluster, gang["id"]) == pytest.approx(losses(cluster, single["id"]), rel=1e-4)
+    margins = [m["rewards/margins"] for m in cluster.get(f"/jobs/{gang['id']}/metrics?limit=1000")["data"]]
+    assert margins[-1] > margins[0]
 
 
 def command_line(process: psutil.Process) -> str:

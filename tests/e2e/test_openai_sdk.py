@@ -16,6 +16,8 @@ import openai
 import pytest
 from openai import OpenAI
 
+from cli.samples import write_preference_dataset
+
 from .harness import Tuneq
 
 pytestmark = pytest.mark.slow
@@ -294,3 +296,40 @@ def test_the_sdk_continues_from_a_fine_tuned_model_and_from_a_checkpoint(
         with pytest.raises(openai.NotFoundError):
             bob.models.retrieve(name)
     assert bob.fine_tuning.jobs.list().data == []
+
+
+def test_the_sdk_runs_dpo_on_a_fine_tuned_model_with_a_dpo_file_of_tool_calls(
+    alice: OpenAI, service: Tuneq, tmp_path: Path
+) -> None:
+    """OpenAI's recipe: supervised first, then DPO on the fine-tuned model, through the SDK
+    unchanged, on OpenAI's DPO format with a preferred tool call in every fourth pair."""
+    with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
+        chat = alice.files.create(file=f, purpose="fine-tune")
+    sft = alice.fine_tuning.jobs.create(
+        model=str(service.home / "data" / "tiny-gpt-neo"), training_file=chat.id, hyperparameters={"n_epochs": 1}
+    )
+    assert follow(alice, sft.id)[-1] == "succeeded", service.log_tail()
+    fine_tuned = alice.fine_tuning.jobs.retrieve(sft.id).fine_tuned_model
+    assert fine_tuned is not None
+
+    pairs = write_preference_dataset(tmp_path / "pairs.jsonl", records=32, shape="openai")
+    assert any("tool_calls" in line for line in pairs.read_text().splitlines())
+    with pairs.open("rb") as f:
+        preference = alice.files.create(file=f, purpose="fine-tune")
+    hyperparameters = {"n_epochs": 2, "batch_size": 8, "beta": "auto", "learning_rate_multiplier": "auto"}
+    dpo = alice.fine_tuning.jobs.create(
+        model=fine_tuned,
+        training_file=preference.id,
+        suffix="dpo",
+        method={"type": "dpo", "dpo": {"hyperparameters": hyperparameters}},
+    )
+    assert dpo.method is not None and dpo.method.type == "dpo" and dpo.method.dpo is not None
+    resolved = dpo.method.dpo.hyperparameters
+    assert resolved is not None and (resolved.beta, resolved.batch_size, resolved.n_epochs) == (0.1, 8, 2)
+    assert follow(alice, dpo.id)[-1] == "succeeded", service.log_tail()
+    done = alice.fine_tuning.jobs.retrieve(dpo.id)
+    assert done.fine_tuned_model is not None and done.fine_tuned_model.startswith("ft:tiny-gpt-neo:alice:dpo:")
+    steps = [e.data for e in events_of(alice, dpo.id) if e.type == "metrics"]
+    assert sorted(s["step"] for s in steps) == list(range(1, 9))  # type: ignore[index]  # 32 pairs / 8 x 2 epochs
+    checkpoints = alice.fine_tuning.jobs.checkpoints.list(dpo.id).data
+    assert checkpoints and checkpoints[0].metrics.train_loss is not None

@@ -209,3 +209,72 @@ def test_a_ranks_warning_becomes_the_jobs_warning_event(database_url: str, tmp_p
         assert ingestor.poll(session) == 1
         stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id)).all()
     assert [(e.type, e.data) for e in stream] == [("warning", {"message": "the fused loss is off under ZeRO-3"})]
+
+
+# A DPO step as rank 0 reports it: TRL's measures, "/" spelt "_".
+DPO_MEASURES = {
+    "rewards_chosen": 0.5,
+    "rewards_rejected": -0.25,
+    "rewards_accuracies": 0.75,
+    "rewards_margins": 0.75,
+    "logps_chosen": -12.5,
+    "logps_rejected": -20.0,
+    "logits_chosen": 0.125,
+    "logits_rejected": -0.125,
+    "eval_rewards_accuracies": 0.875,
+}
+
+
+def dpo_metric(step: int, **measures: float) -> str:
+    return json.dumps({**json.loads(metric(step, 0.6, step)), **DPO_MEASURES, **measures})
+
+
+def phase(done: int, total: int, *, cached: bool = False) -> str:
+    return json.dumps(
+        {
+            "type": "phase",
+            "name": "reference_logps",
+            "done": done,
+            "total": total,
+            "cached": cached,
+            "time": "2026-01-01T00:00:00+00:00",
+        }
+    )
+
+
+def test_a_dpo_jobs_phase_and_measures_become_rows(database_url: str, tmp_path: Path) -> None:
+    """The reference pass's progress is a phase event per report and the job's phase (the
+    latest); a step's DPO measures are its job_metrics row's columns and its event's data."""
+    job = new_job()
+    events = tmp_path / "events-1.jsonl"
+    events.write_text(phase(0, 400) + "\n" + phase(120, 400) + "\n")
+    ingestor = EventIngestor(events_path=events, log_path=None, job_id=job.id)
+    with Session(get_engine()) as session:
+        assert ingestor.poll(session) == 2
+        stored = session.get(Job, job.id, populate_existing=True)
+        assert stored is not None and stored.phase is not None
+        assert (stored.phase["done"], stored.phase["total"], stored.phase["cached"]) == (120, 400, False)
+        with events.open("a") as f:
+            f.write(phase(400, 400) + "\n" + dpo_metric(1) + "\n")
+        assert ingestor.poll(session) == 2
+        row = session.exec(select(JobMetric).where(JobMetric.job_id == job.id)).one()
+        stream = session.exec(select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id))).all()
+        stored = session.get(Job, job.id, populate_existing=True)
+    assert {name: getattr(row, name) for name in DPO_MEASURES} == DPO_MEASURES
+    assert row.loss == 0.6
+    assert [(e.type, e.data.get("done")) for e in stream] == [
+        ("phase", 0),
+        ("phase", 120),
+        ("phase", 400),
+        ("metric", None),
+    ]
+    assert stream[0].data == {
+        "name": "reference_logps",
+        "done": 0,
+        "total": 400,
+        "cached": False,
+        "time": "2026-01-01T00:00:00+00:00",
+    }
+    assert {name: stream[-1].data[name] for name in DPO_MEASURES} == DPO_MEASURES  # the stream carries them as ingested
+    assert stored is not None and stored.phase is not None and stored.phase["done"] == 400
+    assert stored.latest_metrics is not None and stored.latest_metrics["rewards_accuracies"] == 0.75

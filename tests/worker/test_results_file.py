@@ -42,3 +42,29 @@ def test_the_metrics_become_a_csv_file_of_the_owner_once(database_url: str, tmp_
     table = list(csv.DictReader(io.StringIO(held.decode(), newline="")))
     assert tuple(table[0]) == COLUMNS
     assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in table] == [("1", "2.0", ""), ("2", "1.0", "")]
+
+
+def test_a_dpo_jobs_file_adds_its_measures_under_trls_names(database_url: str, tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    with Session(get_engine(), expire_on_commit=False) as session:
+        job = Job(owner="alice", model="m", dataset="d", deepspeed_config={}, num_gpus=1, training={})
+        session.add(job)
+        session.commit()
+        session.add(
+            JobMetric(job_id=job.id, step=1, loss=0.69, rewards_accuracies=0.0, rewards_margins=0.0, time=utcnow())
+        )
+        session.add(
+            JobMetric(job_id=job.id, step=2, loss=0.5, rewards_accuracies=0.75, rewards_margins=0.4, time=utcnow())
+        )
+        session.commit()
+    file_id = publish_results_file(job_id=job.id, store=store)
+    assert file_id is not None
+    local = store.local_path(file_key(file_id))
+    assert local is not None
+    table = list(csv.DictReader(io.StringIO(local.read_text(), newline="")))
+    # Only the measures the job has: no empty columns of the ones it never reported.
+    assert tuple(table[0]) == (*COLUMNS, "rewards/accuracies", "rewards/margins")
+    assert [(r["train_loss"], r["rewards/accuracies"], r["rewards/margins"]) for r in table] == [
+        ("0.69", "0.0", "0.0"),
+        ("0.5", "0.75", "0.4"),
+    ]

@@ -15,6 +15,7 @@ packed or padding-free, all go end to end into that one row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,37 @@ class SampleRows(Dataset[list[tuple[np.ndarray, np.ndarray]]]):
 
     def __getitem__(self, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
         return [self.samples.sample(i) for i in self.rows[index]]
+
+    def collator(self, pad_token_id: int) -> Callable[[list[Any]], Batch]:
+        return RowCollator(
+            pad_token_id,
+            packing=self.packing,
+            padding_free=self.padding_free,
+            max_seq_length=self.max_seq_length,
+            single_row=self.single_row,
+        )
+
+
+Pair = tuple[int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class PairRows(Dataset[Pair]):
+    """Preference pairs, one a row (``shared.data.prepared``: row [2i, 2i + 1]): each item is
+    the pair's index in its file, its chosen sequence and its rejected one."""
+
+    def __init__(self, samples: TokenizedSamples, rows: list[list[int]]) -> None:
+        self.samples = samples
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Pair:
+        chosen, rejected = self.rows[index]
+        return chosen // 2, self.samples.sample(chosen), self.samples.sample(rejected)
+
+    def collator(self, pad_token_id: int) -> Callable[[list[Pair]], PairBatch]:
+        return PairCollator(pad_token_id)
 
 
 @dataclass
@@ -132,8 +164,49 @@ class RowCollator:
         return Batch(inputs=inputs, real_tokens=sum(widths), samples=sum(map(len, rows)), slots=len(rows) * width)
 
 
+@dataclass
+class PairBatch:
+    """A micro-batch of preference pairs: the chosen sequences and the rejected ones, each padded
+    as ``RowCollator`` pads (what ``preference_loss.concatenated_forward`` takes), and each
+    pair's index in its file (where its reference log-probabilities are)."""
+
+    chosen: dict[str, torch.Tensor]
+    rejected: dict[str, torch.Tensor]
+    pairs: torch.Tensor  # int64 [pairs]
+    real_tokens: int
+    samples: int  # pairs
+    slots: int
+
+    def sides_on(self, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(chosen, rejected) moved to ``device``."""
+        return (
+            {name: t.to(device) for name, t in self.chosen.items()},
+            {name: t.to(device) for name, t in self.rejected.items()},
+        )
+
+
+class PairCollator:
+    """Pairs to a ``PairBatch``: each side padded to its own longest (the forward pads the two
+    to one width when it joins them)."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.rows = RowCollator(pad_token_id, packing=False)
+
+    def __call__(self, pairs: list[Pair]) -> PairBatch:
+        chosen = self.rows([[c] for _, c, _ in pairs])
+        rejected = self.rows([[r] for _, _, r in pairs])
+        return PairBatch(
+            chosen=chosen.inputs,
+            rejected=rejected.inputs,
+            pairs=torch.tensor([i for i, _, _ in pairs], dtype=torch.long),
+            real_tokens=chosen.real_tokens + rejected.real_tokens,
+            samples=len(pairs),
+            slots=chosen.slots + rejected.slots,
+        )
+
+
 def make_loader(
-    rows: SampleRows,
+    rows: SampleRows | PairRows,
     *,
     micro_batch: int,
     world_size: int,
@@ -153,13 +226,7 @@ def make_loader(
         rows,
         batch_size=micro_batch,
         sampler=sampler,
-        collate_fn=RowCollator(
-            pad_token_id,
-            packing=rows.packing,
-            padding_free=rows.padding_free,
-            max_seq_length=rows.max_seq_length,
-            single_row=rows.single_row,
-        ),
+        collate_fn=rows.collator(pad_token_id),
         drop_last=drop_last,
     )
     return loader, sampler

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch.nn import functional
 
+from shared.jobs.spec import DpoOptions
 from worker.rank.batches import IGNORE_INDEX
-
-LossType = Literal["sigmoid", "ipo", "hinge"]
-LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 
 # TRL's metric names (DPOTrainer._compute_loss's self._metrics keys), which tuneq reports as they are.
 REWARDS_CHOSEN = "rewards/chosen"
@@ -40,48 +38,6 @@ LOGPS_CHOSEN = "logps/chosen"
 LOGPS_REJECTED = "logps/rejected"
 LOGITS_CHOSEN = "logits/chosen"
 LOGITS_REJECTED = "logits/rejected"
-
-
-@dataclass(frozen=True)
-class DPOLossConfig:
-    """The loss's settings (issue 42's ``training.dpo``).
-
-    - ``beta``: TRL's ``DPOConfig.beta``; for ``ipo`` it is the paper's tau, as in TRL.
-    - ``loss_type``: TRL's ``"sigmoid"`` (the DPO paper's), ``"ipo"`` or ``"hinge"``.
-    - ``sft_weight``: TRL's ``loss_type=[<loss_type>, "sft"]`` with ``loss_weights=[1.0, sft_weight]``:
-      that weight times the chosen answers' NLL (the mean over their tokens) is added (RPO).
-    - ``label_smoothing`` (sigmoid only): the conservative DPO loss (cDPO), the preference taken as
-      flipped with that probability: ``(1 - e) * -logsigmoid(beta * d) + e * -logsigmoid(-beta * d)``.
-      It is what TRL's sigmoid loss did with ``label_smoothing`` until its DPO refactor (trl#3906,
-      v0.29); TRL 1.x ignores ``label_smoothing`` for ``sigmoid`` (only ``robust``, ``exo_pair``
-      and ``aot`` read it), so the test checks it against 1.16 as ``2(1-e) sigmoid - (1-2e) robust``.
-    - ``normalize_by_length``: the log-ratios divided by their answer's token count before the loss
-      (Together's ``dpo_normalize_logratios_by_length``); with ``sigmoid`` it is TRL's
-      ``"sigmoid_norm"``. TRL's ``ipo`` always divides so (its comment: as the IPO authors
-      confirmed), so ``ipo`` is length-normalised either way.
-    """
-
-    beta: float = 0.1
-    loss_type: LossType = "sigmoid"
-    sft_weight: float = 0.0
-    label_smoothing: float = 0.0
-    normalize_by_length: bool = False
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type {self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
-        if not self.beta > 0:
-            raise ValueError(f"beta must be above 0, not {self.beta}")
-        if not self.sft_weight >= 0:
-            raise ValueError(f"sft_weight must be 0 or more, not {self.sft_weight}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"label_smoothing is a probability below 0.5, not {self.label_smoothing}")
-        if self.label_smoothing and self.loss_type != "sigmoid":
-            raise ValueError(f"label_smoothing applies to the sigmoid loss only, not {self.loss_type}: set it to 0")
-
-    @property
-    def length_normalized(self) -> bool:
-        return self.normalize_by_length or self.loss_type == "ipo"
 
 
 @dataclass(frozen=True)
@@ -182,7 +138,7 @@ def dpo_loss(
     ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor,
     *,
-    config: DPOLossConfig,
+    config: DpoOptions,
 ) -> DPOLossOutput:
     """The loss of a batch of pairs and TRL's metrics for it, from the policy's forward and the
     reference's summed log-probabilities of the same answers (without gradient).
@@ -200,7 +156,7 @@ def dpo_loss(
 
 
 def _pair_losses(
-    chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor, policy: AnswerLogps, config: DPOLossConfig
+    chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor, policy: AnswerLogps, config: DpoOptions
 ) -> torch.Tensor:
     if config.length_normalized:
         # TRL divides by the answer's completion mask, at least 1 (ipo, sigmoid_norm branches).

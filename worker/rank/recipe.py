@@ -28,19 +28,21 @@ from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from transformers import set_seed
 
-from shared.data.prepared import count_steps_per_epoch, count_total_steps, load_training_data
+from shared.data.prepared import TrainingData, count_steps_per_epoch, count_total_steps, load_training_data
 from shared.data.records import DatasetError
-from shared.data.tokenized import TokenizationError
+from shared.data.tokenized import TokenizationError, TokenizedSamples
 from shared.deepspeed.auto_values import AutoInputs, auto_keys, fill_auto, hidden_size_of, without_auto
 from shared.deepspeed.config import DeepSpeedConfigError, resolve_deepspeed_config
 from shared.jobs.events import MetricEvent, PlanEvent, WarningEvent
 from shared.jobs.run_layout import RunLayout
-from shared.jobs.spec import TrainingOptions, TrainingSpec
+from shared.jobs.spec import DpoOptions, TrainingOptions, TrainingSpec
 from worker.errors import InvalidInputError
 from worker.rank import checkpointing
-from worker.rank.batches import IGNORE_INDEX, Batch, SampleRows, make_loader
+from worker.rank.batches import IGNORE_INDEX, Batch, PairBatch, PairRows, SampleRows, make_loader
 from worker.rank.kernels import choose_compile, choose_kernels, liger_installed
 from worker.rank.model_loading import load_config, load_model, load_tokenizer, settle_training
+from worker.rank.preference_loss import concatenated_forward, dpo_loss
+from worker.rank.reference_logps import CLIENT_STATE_KEY, ReferenceLogps, prepare_reference, reference_key
 from worker.rank.reporting import EventWriter, write_paused
 
 logger = logging.getLogger(__name__)
@@ -86,24 +88,33 @@ class MetricsWindow:
     real_tokens: int = 0
     samples: int = 0
     token_slots: int = 0  # rows x padded width: real tokens plus padding
+    # A method's own measures (DPO's rewards_chosen ...), each summed over the micro-batches:
+    # reported as their mean over every rank's micro-batches, as TRL logs them.
+    measures: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter, compare=False)  # not summed
 
-    def add(self, loss: float, batch: Batch) -> None:
+    def add(self, loss: float, batch: Batch | PairBatch, measures: dict[str, float]) -> None:
         self.loss_sum += loss
         self.micro_batches += 1
         self.real_tokens += batch.real_tokens
         self.samples += batch.samples
         self.token_slots += batch.slots
+        for name, value in measures.items():
+            self.measures[name] = self.measures.get(name, 0.0) + value
 
     def summed(self, device: torch.device) -> MetricsWindow:
         """The sums over every rank (a collective: every rank calls it), so the reported loss
-        is every rank's, not rank 0's alone."""
+        is every rank's, not rank 0's alone. Every rank has the same measures' names."""
+        names = sorted(self.measures)
         sums = [self.loss_sum, self.micro_batches, self.real_tokens, self.samples, self.token_slots]
-        packed = torch.tensor(sums, dtype=torch.float64, device=device)
+        packed = torch.tensor(sums + [self.measures[n] for n in names], dtype=torch.float64, device=device)
         dist.all_reduce(packed)
-        loss_sum, micro_batches, real_tokens, samples, token_slots = packed.tolist()
+        loss_sum, micro_batches, real_tokens, samples, token_slots, *measures = packed.tolist()
         counts = int(micro_batches), int(real_tokens), int(samples), int(token_slots)
-        return MetricsWindow(loss_sum, *counts, started=self.started)
+        return MetricsWindow(loss_sum, *counts, measures=dict(zip(names, measures, strict=True)), started=self.started)
+
+    def mean_measures(self) -> dict[str, float]:
+        return {name: total / self.micro_batches for name, total in self.measures.items()}
 
 
 def deepspeed_config(spec: TrainingSpec, inputs: AutoInputs) -> dict[str, Any]:
@@ -147,8 +158,49 @@ def evaluate(engine: Any, loader: Any) -> float:
     return float(totals[0] / totals[1]) if totals[1] else float("nan")
 
 
+def measure_names(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """TRL's metric names as ``MetricFields`` has them: rewards/chosen is rewards_chosen."""
+    return {name.replace("/", "_"): float(value) for name, value in metrics.items()}
+
+
+def evaluate_preference(
+    engine: Any,
+    loader: Any,
+    *,
+    samples: TokenizedSamples,
+    reference: ReferenceLogps,
+    options: DpoOptions,
+    pad_token_id: int,
+) -> tuple[float, float]:
+    """The DPO loss and the reward accuracy over the validation pairs, each a mean per pair,
+    across ranks."""
+    engine.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=engine.device)  # loss x pairs, accurate pairs, pairs
+    with torch.no_grad():
+        for batch in loader:
+            chosen, rejected = batch.sides_on(engine.device)
+            policy = concatenated_forward(engine, chosen, rejected, pad_token_id=pad_token_id)
+            ref_chosen, ref_rejected = reference.of(samples, batch.pairs)
+            out = dpo_loss(policy, ref_chosen.to(engine.device), ref_rejected.to(engine.device), config=options)
+            pairs = batch.samples
+            accurate = float(out.metrics["rewards/accuracies"]) * pairs
+            totals += torch.tensor(
+                [float(out.loss) * pairs, accurate, pairs], dtype=torch.float64, device=engine.device
+            )
+    dist.all_reduce(totals)
+    engine.train()
+    if not totals[2]:
+        return float("nan"), float("nan")
+    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+
+
 class FineTuneRecipe:
-    """One rank's run of a job: ``setup()``, ``train()``, ``export()``, ``cleanup()``."""
+    """One rank's run of a job: ``setup()``, ``train()``, ``export()``, ``cleanup()``.
+
+    ``training.method`` decides what a micro-step computes (``_micro_step``): the model's own
+    causal-LM loss (SFT), or the DPO loss of a batch of pairs against the reference's
+    log-probabilities, scored once in ``setup()`` (``worker.rank.reference_logps``).
+    """
 
     # Known once setup() has run.
     opts: TrainingOptions  # the job's, settled for its model
@@ -161,6 +213,8 @@ class FineTuneRecipe:
     loader: Any
     sampler: Any
     eval_loader: Any | None
+    data: TrainingData
+    reference: ReferenceLogps | None  # DPO's: every pair's reference log-probabilities
     accumulation: int  # micro-batches per optimizer step, per rank
     steps_per_epoch: int  # optimizer steps
     total_steps: int
@@ -181,6 +235,9 @@ class FineTuneRecipe:
         # (tag, step) of the last checkpoint this attempt saved: the next save waits until the
         # worker has published it, so uploads never pile up.
         self.unpublished: tuple[str, int] | None = None
+        self.preference = spec.training.method == "dpo"
+        self.reference = None
+        self.resumed_state: Any = None  # the reference scores in the checkpoint resumed from, if any
 
     def setup(self) -> None:
         """Tokenizer, data, model and engine; then the step, schedule and data position to
@@ -206,7 +263,7 @@ class FineTuneRecipe:
         self.tokenizer = load_tokenizer(spec)
         # Every rank asks; the first tokenizes (or finds the cache), the others then read it.
         try:
-            data = load_training_data(
+            self.data = data = load_training_data(
                 dataset=Path(spec.dataset),
                 validation_dataset=Path(spec.validation_dataset) if spec.validation_dataset else None,
                 options=opts,
@@ -255,21 +312,26 @@ class FineTuneRecipe:
             max_seq_length=opts.seq_length,
             single_row=loaded.attention == "flash_attention_2",
         )
-        dataset = rows_of(data.train, data.rows)
+        dataset: SampleRows | PairRows = (
+            PairRows(data.train, data.rows) if data.preference else rows_of(data.train, data.rows)
+        )
 
         micro_batch, self.accumulation = batch_sizes.micro_batch_per_gpu, batch_sizes.gradient_accumulation_steps
         self.loader, self.sampler = self._loader(dataset, micro_batch, training=True)
         self.eval_loader = None
         if data.validation is not None and data.validation_rows is not None:
-            self.eval_loader, _ = self._loader(
-                rows_of(data.validation, data.validation_rows), micro_batch, training=False
+            validation_rows = (
+                PairRows(data.validation, data.validation_rows)
+                if data.preference
+                else rows_of(data.validation, data.validation_rows)
             )
+            self.eval_loader, _ = self._loader(validation_rows, micro_batch, training=False)
         self.steps_per_epoch = count_steps_per_epoch(
             len(dataset), world_size=self.world_size, micro_batch=micro_batch, accumulation=self.accumulation
         )
         assert self.steps_per_epoch == len(self.loader) // self.accumulation  # the plan endpoint counts the same way
         if self.steps_per_epoch == 0:
-            unit = "packed rows" if data.packing else "usable records"
+            unit = "preference pairs" if data.preference else "packed rows" if data.packing else "usable records"
             raise InvalidInputError(
                 f"dataset has {len(dataset)} {unit}, fewer than one optimizer step needs "
                 f"(train_batch_size {batch_sizes.train_batch_size}): add records or lower train_batch_size"
@@ -283,7 +345,7 @@ class FineTuneRecipe:
             PlanEvent(
                 total_steps=self.total_steps,
                 steps_per_epoch=self.steps_per_epoch,
-                num_samples=len(data.train),
+                num_samples=len(data.rows) if data.preference else len(data.train),
                 num_rows=len(dataset),
                 packing=data.packing,
                 world_size=self.world_size,
@@ -304,8 +366,29 @@ class FineTuneRecipe:
             # worker's (worker.launcher.settings_environment), so the next job skips the work.
             self.engine.compile()
         self._restore()
+        if self.preference:
+            self._prepare_reference(micro_batch)
 
-    def _loader(self, rows: SampleRows, micro_batch: int, *, training: bool) -> tuple[Any, Any]:
+    def _prepare_reference(self, micro_batch: int) -> None:
+        """DPO's reference scores, before the first step: the weights are still the starting ones
+        unless this attempt resumed a checkpoint, which holds the scores."""
+        files = [self.data.train]
+        if self.data.validation is not None and self.data.validation.key != self.data.train.key:
+            files.append(self.data.validation)
+        key = reference_key(self.spec, files=files, dtype=next(self.engine.module.parameters()).dtype, lora=self.lora)
+        self.reference = prepare_reference(
+            self.engine,
+            key=key,
+            files=files,
+            resumed_state=self.resumed_state,
+            cache_dir=Path(self.spec.cache_dir),
+            micro_batch=micro_batch,
+            pad_token_id=self.tokenizer.pad_token_id,
+            lora=self.lora,
+            events=self.events,
+        )
+
+    def _loader(self, rows: SampleRows | PairRows, micro_batch: int, *, training: bool) -> tuple[Any, Any]:
         # Evaluation keeps the order and every row; training shuffles and drops a last partial
         # micro-batch (make_loader says why).
         return make_loader(
@@ -334,6 +417,8 @@ class FineTuneRecipe:
             self.start_epoch = int(client_state["epoch"])
             self.skip_micro_steps = int(client_state["micro_step"]) + 1
             self.tokens_seen = int(client_state.get("tokens_seen", 0))
+            # Present (and required) for DPO: a resumed attempt must never score trained weights.
+            self.resumed_state = client_state.get(CLIENT_STATE_KEY, {})
             logger.info("resumed from %s at step %d", spec.resume_from.tag, engine.global_steps)
         elif spec.start_from is not None:
             # Another job's weights and optimizer state; this job's steps, schedule and data are its own.
@@ -366,18 +451,18 @@ class FineTuneRecipe:
         for step in range(self.step + 1, self.total_steps + 1):
             for _ in range(self.accumulation):
                 self.epoch, self.micro_step, batch = next(data)
-                loss = engine(**batch.inputs_on(engine.device)).loss
+                loss, measures = self._micro_step(batch)
                 engine.backward(loss)  # gradients add up over the micro-batches of the step
                 engine.step()  # the optimizer steps (and zeroes them) at the last micro-batch only
-                window.add(loss.item(), batch)
+                window.add(loss.item(), batch, measures)
             assert engine.global_steps == step  # DeepSpeed's accumulation boundary is this loop's end
             self.step = step
 
-            eval_loss = None
+            evaluation = None
             if self.eval_loader is not None and (step == self.total_steps or (eval_every and step % eval_every == 0)):
-                eval_loss = evaluate(engine, self.eval_loader)
-            if step % opts.log_every_steps == 0 or step == self.total_steps or eval_loss is not None:
-                self._report(window, eval_loss)
+                evaluation = self._evaluate()
+            if step % opts.log_every_steps == 0 or step == self.total_steps or evaluation is not None:
+                self._report(window, evaluation)
                 window = MetricsWindow()
             if save_every and step % save_every == 0 and step < self.total_steps:
                 self.save_checkpoint(unreported=window)
@@ -390,6 +475,34 @@ class FineTuneRecipe:
         if self.last_saved_step != self.step:
             self.save_checkpoint()
         return True
+
+    def _micro_step(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's loss (what backward takes) and the method's own measures of it."""
+        engine = self.engine
+        if self.reference is None:
+            return engine(**batch.inputs_on(engine.device)).loss, {}
+        # Chosen and rejected in one forward, scored against the reference's stored scores.
+        chosen, rejected = batch.sides_on(engine.device)
+        policy = concatenated_forward(engine, chosen, rejected, pad_token_id=self.tokenizer.pad_token_id)
+        ref_chosen, ref_rejected = self.reference.of(self.data.train, batch.pairs)
+        assert self.opts.dpo is not None
+        out = dpo_loss(policy, ref_chosen.to(engine.device), ref_rejected.to(engine.device), config=self.opts.dpo)
+        return out.loss, measure_names(out.metrics)
+
+    def _evaluate(self) -> dict[str, float]:
+        """``eval_loss`` on the validation data, and DPO's reward accuracy there."""
+        if self.reference is None:
+            return {"eval_loss": evaluate(self.engine, self.eval_loader)}
+        assert self.data.validation is not None and self.opts.dpo is not None
+        loss, accuracy = evaluate_preference(
+            self.engine,
+            self.eval_loader,
+            samples=self.data.validation,
+            reference=self.reference,
+            options=self.opts.dpo,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        return {"eval_loss": loss, "eval_rewards_accuracies": accuracy}
 
     def pause(self, unreported: MetricsWindow) -> None:
         """Leave the job resumable exactly here: this step's metrics reported (a resume
@@ -417,7 +530,7 @@ class FineTuneRecipe:
                 yield epoch, micro_step, batch
             skip = 0
 
-    def _report(self, window: MetricsWindow, eval_loss: float | None) -> None:
+    def _report(self, window: MetricsWindow, evaluation: dict[str, float] | None) -> None:
         """One MetricEvent for the steps since the last report (rank 0 writes it)."""
         total = window.summed(self.engine.device)
         elapsed = max(time.perf_counter() - window.started, 1e-9)
@@ -433,8 +546,9 @@ class FineTuneRecipe:
                 tokens_per_second=total.real_tokens / elapsed,
                 samples_per_second=total.samples / elapsed,
                 real_token_share=total.real_tokens / total.token_slots if total.token_slots else None,
-                eval_loss=eval_loss,
                 tokens_seen=self.tokens_seen,
+                **total.mean_measures(),
+                **(evaluation or {}),
                 time=datetime.now(UTC).isoformat(),
             )
         )
@@ -456,12 +570,14 @@ class FineTuneRecipe:
                 events=self.events,
                 stop=lambda: self.stop.requested,
             )
-        position = {
+        position: dict[str, Any] = {
             "step": self.step,
             "epoch": self.epoch,
             "micro_step": self.micro_step,
             "tokens_seen": self.tokens_seen + pending,
         }
+        if self.reference is not None:  # so that a resume never scores trained weights
+            position[CLIENT_STATE_KEY] = self.reference.client_state()
         checkpointing.save_checkpoint(
             self.engine,
             layout=self.layout,

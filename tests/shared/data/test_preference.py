@@ -134,6 +134,36 @@ def test_an_sft_job_refuses_a_preference_file_whole_naming_the_method(
         assert str(e.value).startswith(said), str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("record", "evidence"),
+    [
+        ({"messages": [USER, CAT]}, '"messages"'),
+        ({"prompt": "Who?", "completion": " A cat."}, '"prompt" and "completion"'),
+        ({"text": "A cat sees a tree."}, '"text"'),
+    ],
+)
+def test_a_dpo_job_refuses_a_supervised_file_whole_naming_the_method(
+    tmp_path: Path, record: dict[str, Any], evidence: str
+) -> None:
+    # The second line is a preference record: the file is refused for what its first holds, not line by line.
+    path = write_jsonl(tmp_path / "dataset.jsonl", [record, TRL_EXPLICIT])
+    with pytest.raises(DatasetError) as e:
+        read_preference_records(path, max_line_bytes=LINE_BYTES)
+    assert str(e.value) == (
+        f"dataset.jsonl holds supervised records (line 1 has {evidence}), for supervised fine-tuning (SFT), which "
+        'a DPO job cannot train on: a DPO job trains on preference records, like {"prompt": "...", "chosen": '
+        '"...", "rejected": "..."} (TRL\'s preference format), or {"input": {"messages": [{"role": "user", '
+        '"content": "..."}]}, "preferred_output": [{"role": "assistant", "content": "..."}], '
+        '"non_preferred_output": [{"role": "assistant", "content": "..."}]} (OpenAI\'s DPO format)'
+    )
+    assert e.value.problems == []
+    # A line no format knows before it changes nothing: the first record with a format's fields decides.
+    path = write_jsonl(tmp_path / "dataset.jsonl", [{"id": 1}, record])
+    with pytest.raises(DatasetError) as e:
+        read_preference_records(path, max_line_bytes=LINE_BYTES)
+    assert str(e.value).startswith(f"dataset.jsonl holds supervised records (line 2 has {evidence})"), str(e.value)
+
+
 def test_openai_dpo_records_in_csv_cells_are_read_as_json(tmp_path: Path) -> None:
     cells = [
         json.dumps(OPENAI_DPO[name]).replace('"', '""')

@@ -212,6 +212,38 @@ def test_downgrading_pause_keeps_paused_and_pausing_jobs_alive(engine: Engine) -
     ]
 
 
+def test_downgrading_preference_metrics_keeps_each_step_and_drops_the_phases(engine: Engine) -> None:
+    """0021 both ways with rows: a DPO step's row stays (its loss) without its DPO measures, the
+    phase events go (the older eventtype has no such value), and upgrading again takes them."""
+    from sqlmodel import Session
+
+    from shared.db.models import EventType, Job, JobEvent, JobMetric, utcnow
+
+    config = alembic_config(engine.url)
+    command.upgrade(config, "head")
+    phase = {"name": "reference_logps", "done": 3, "total": 8, "cached": False}
+    with Session(engine) as session:
+        job = Job(model="m", dataset="d", deepspeed_config={}, num_gpus=1, training={}, phase=phase)
+        session.add(job)
+        job_id = job.id
+        session.flush()
+        session.add(JobMetric(job_id=job_id, step=1, loss=0.69, rewards_margins=0.25, time=utcnow()))
+        session.add(JobEvent(job_id=job_id, type=EventType.phase, data=phase))
+        session.add(JobEvent(job_id=job_id, type=EventType.log, data={"line": "kept"}))
+        session.commit()
+    command.downgrade(config, "0020")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT step, loss FROM job_metrics")).all() == [(1, 0.69)]
+        assert conn.execute(text("SELECT type FROM job_events")).scalars().all() == ["log"]
+    command.upgrade(config, "head")
+    assert schema_differences(engine) == []
+    with Session(engine) as session:
+        session.add(JobEvent(job_id=job_id, type=EventType.phase, data=phase))
+        session.commit()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT rewards_margins FROM job_metrics")).all() == [(None,)]
+
+
 def test_enums_are_stored_as_the_code_reads_them(database_url: str) -> None:
     """``JobStatus`` and friends keep SQLModel's storage: a native enum on Postgres, text on SQLite."""
     import uuid

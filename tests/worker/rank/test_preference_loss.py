@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.jobs.spec import DpoOptions
 from worker.rank.batches import IGNORE_INDEX, RowCollator
 from worker.rank.preference_loss import (
     LOGITS_CHOSEN,
@@ -32,7 +33,6 @@ from worker.rank.preference_loss import (
     REWARDS_MARGINS,
     REWARDS_REJECTED,
     AnswerLogps,
-    DPOLossConfig,
     concatenated_forward,
     dpo_loss,
     sequence_logps,
@@ -117,7 +117,7 @@ def collated(pairs: list[dict[str, list[int]]], side: str, pad_token_id: int) ->
 
 
 def tuneq_step(
-    models: tuple[Any, Any, Any], pairs: list[dict[str, list[int]]], config: DPOLossConfig
+    models: tuple[Any, Any, Any], pairs: list[dict[str, list[int]]], config: DpoOptions
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
     policy, reference, tokenizer = models
     model = copy.deepcopy(policy)
@@ -134,32 +134,32 @@ def tuneq_step(
 
 
 # tuneq's settings, and the TRL 1.16 DPOConfig that computes the same loss.
-EQUIVALENTS: dict[str, tuple[DPOLossConfig, dict[str, Any]]] = {
-    "sigmoid": (DPOLossConfig(), {"loss_type": ["sigmoid"]}),
-    "sigmoid, beta 0.3": (DPOLossConfig(beta=0.3), {"loss_type": ["sigmoid"], "beta": 0.3}),
+EQUIVALENTS: dict[str, tuple[DpoOptions, dict[str, Any]]] = {
+    "sigmoid": (DpoOptions(), {"loss_type": ["sigmoid"]}),
+    "sigmoid, beta 0.3": (DpoOptions(beta=0.3), {"loss_type": ["sigmoid"], "beta": 0.3}),
     # cDPO, which TRL 1.16's sigmoid no longer applies: its "robust" loss at the same epsilon is
     # ((1-e) L(d) - e L(-d)) / (1-2e) with L(d) = -logsigmoid(beta d), so
     # (1-e) L(d) + e L(-d) = 2(1-e) sigmoid - (1-2e) robust.
     "sigmoid, label_smoothing 0.1": (
-        DPOLossConfig(beta=0.3, label_smoothing=0.1),
+        DpoOptions(beta=0.3, label_smoothing=0.1),
         {"loss_type": ["sigmoid", "robust"], "loss_weights": [1.8, -0.8], "label_smoothing": 0.1, "beta": 0.3},
     ),
     "sigmoid, normalize_by_length": (
-        DPOLossConfig(beta=0.3, normalize_by_length=True),
+        DpoOptions(beta=0.3, normalize_by_length=True),
         {"loss_type": ["sigmoid_norm"], "beta": 0.3},
     ),
-    "ipo": (DPOLossConfig(beta=0.3, loss_type="ipo"), {"loss_type": ["ipo"], "beta": 0.3}),
+    "ipo": (DpoOptions(beta=0.3, loss_type="ipo"), {"loss_type": ["ipo"], "beta": 0.3}),
     "ipo, normalize_by_length": (
-        DPOLossConfig(beta=0.3, loss_type="ipo", normalize_by_length=True),
+        DpoOptions(beta=0.3, loss_type="ipo", normalize_by_length=True),
         {"loss_type": ["ipo"], "beta": 0.3},
     ),
-    "hinge": (DPOLossConfig(beta=0.3, loss_type="hinge"), {"loss_type": ["hinge"], "beta": 0.3}),
+    "hinge": (DpoOptions(beta=0.3, loss_type="hinge"), {"loss_type": ["hinge"], "beta": 0.3}),
     "sigmoid, sft_weight 0.5": (
-        DPOLossConfig(beta=0.3, sft_weight=0.5),
+        DpoOptions(beta=0.3, sft_weight=0.5),
         {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5], "beta": 0.3},
     ),
     "sigmoid, normalize_by_length, sft_weight 2": (
-        DPOLossConfig(beta=0.3, normalize_by_length=True, sft_weight=2.0),
+        DpoOptions(beta=0.3, normalize_by_length=True, sft_weight=2.0),
         {"loss_type": ["sigmoid_norm", "sft"], "loss_weights": [1.0, 2.0], "beta": 0.3},
     ),
 }
@@ -255,12 +255,12 @@ REF_CHOSEN, REF_REJECTED = torch.tensor([-11.0, -20.0]), torch.tensor([-11.0, -1
 
 
 def loss_of(**settings: Any) -> float:
-    config = DPOLossConfig(beta=0.5, **settings)
+    config = DpoOptions(beta=0.5, **settings)
     return float(dpo_loss(policy_of_two_pairs(), REF_CHOSEN, REF_REJECTED, config=config).loss)
 
 
 def test_the_metrics_on_hand_computed_numbers() -> None:
-    config = DPOLossConfig(beta=0.5)
+    config = DpoOptions(beta=0.5)
     metrics = dpo_loss(policy_of_two_pairs(), REF_CHOSEN, REF_REJECTED, config=config).metrics
     assert {name: float(value) for name, value in metrics.items()} == {
         REWARDS_CHOSEN: 0.25,  # 0.5 * mean(1, 0)
@@ -273,7 +273,7 @@ def test_the_metrics_on_hand_computed_numbers() -> None:
         LOGITS_REJECTED: -1.0,  # -8 over 8 rejected tokens
     }
     # Rewards are the summed log-ratios, also where the loss divides them by length.
-    by_length = DPOLossConfig(beta=0.5, normalize_by_length=True)
+    by_length = DpoOptions(beta=0.5, normalize_by_length=True)
     normalized = dpo_loss(policy_of_two_pairs(), REF_CHOSEN, REF_REJECTED, config=by_length)
     assert float(normalized.metrics[REWARDS_CHOSEN]) == 0.25
     # A tie is not accurate: at the first step the policy is the reference.
@@ -315,4 +315,4 @@ def test_each_loss_type_on_hand_computed_numbers() -> None:
 )
 def test_settings_the_loss_does_not_define_are_refused_by_name(settings: dict[str, Any], named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        DPOLossConfig(**settings)
+        DpoOptions(**settings)
