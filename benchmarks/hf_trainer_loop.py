@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _cpu_distributed_state() -> dict[str, Any]:
+def cpu_distributed_state() -> dict[str, Any]:
     """Start the ranks' process group for the Trainer on a host without GPUs.
 
     accelerate (1.16) knows no distributed backend for the device type "cpu" unless told
@@ -73,7 +73,7 @@ def main() -> None:
 
     config: dict[str, Any] = json.loads(args.config.read_text())
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    accelerator_config = _cpu_distributed_state() if os.environ.get("DS_ACCELERATOR") == "cpu" else None
+    accelerator_config = cpu_distributed_state() if os.environ.get("DS_ACCELERATOR") == "cpu" else None
     micro_batch = config["train_batch_size"] // world_size // config.get("gradient_accumulation_steps", 1)
     adam = config["optimizer"]["params"]
 

@@ -66,6 +66,12 @@ def _b9(repeats: int) -> list[Result]:
     return b9_load.run(repeats)
 
 
+def _b10(repeats: int) -> list[Result]:
+    from benchmarks import b10_dpo
+
+    return b10_dpo.run(repeats)
+
+
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "training": (("B1", "B6"), _b1_b6),
@@ -76,6 +82,7 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "artifacts": (("B7",), _b7),
     "multi_node": (("B8",), _b8),
     "load": (("B9",), _b9),
+    "dpo": (("B10",), _b10),
 }
 
 

@@ -139,8 +139,9 @@ class TuneqDev:
     def worker_process(self) -> psutil.Process:
         """``tuneq dev`` starts ``serve`` and ``worker``; the worker is the one measured."""
         for child in psutil.Process(self.server.process.pid).children():
-            # "tuneq worker", which Celery retitles "[celeryd: …] (worker)" where setproctitle is installed
-            if any("worker" in part for part in child.cmdline()):
+            # "tuneq worker", which Celery retitles "[celeryd: …] (worker)" where setproctitle is
+            # installed; whole words only: the API's command line has "--workers 1"
+            if is_worker_command(child.cmdline()):
                 return child
         found = [c.cmdline() for c in psutil.Process(self.server.process.pid).children()]
         raise RuntimeError(f"tuneq dev has no worker process among {found}")
@@ -181,6 +182,13 @@ class TuneqDev:
     def run_dir(self, job_id: str) -> Path:
         """The job's run directory: its spec, logs, checkpoints and exported model."""
         return RunLayout.for_job(Settings(home=self.home), job_id).root
+
+
+def is_worker_command(cmdline: Sequence[str]) -> bool:
+    """Whether a ``tuneq dev`` child's command line is its worker's: ``… cli.main worker``, or as
+    Celery retitles it, ``[celeryd: …] (worker)``; not ``… cli.main serve … --workers 1``."""
+    words = " ".join(cmdline).split()  # a retitled process may hold its title in one argument
+    return "worker" in words or "(worker)" in words
 
 
 def metric_times(metrics: list[dict[str, Any]]) -> list[float]:

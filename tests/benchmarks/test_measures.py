@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,7 +147,7 @@ def test_only_waits_before_the_timed_saves_count() -> None:
 def test_checkpoint_bytes_is_the_newest_deepspeed_checkpoint() -> None:
     from benchmarks.b7_artifacts import checkpoint_bytes
 
-    artifacts = [
+    artifacts: list[dict[str, Any]] = [
         {"kind": "deepspeed", "step": 12, "size": 100},
         {"kind": "deepspeed", "step": 14, "size": 300},
         {"kind": "deepspeed", "step": 14, "size": 5},
@@ -194,3 +196,96 @@ def test_the_clusters_store_is_the_moto_bucket() -> None:
     assert env["TUNEQ_S3_ENDPOINT_URL"] == "http://127.0.0.1:5000"
     assert env["TUNEQ_ARTIFACTS_URI"] == f"s3://{BUCKET}/b8"
     assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"]
+
+
+def test_a_tuneq_dev_worker_is_told_from_the_api_by_whole_words() -> None:
+    from benchmarks.training_runs import is_worker_command
+
+    assert is_worker_command(["/venv/bin/python", "-P", "-m", "cli.main", "worker"])
+    assert is_worker_command(["[celeryd:", "tuneq-1@vm:MainProcess]", "-active-", "(worker)"])
+    assert is_worker_command(["[celeryd: tuneq-1@vm:MainProcess] -active- (worker)"])  # the title in one argument
+    assert not is_worker_command(["/venv/bin/python", "-P", "-m", "cli.main", "serve", "--workers", "1"])
+
+
+def test_dpo_steps_per_second_leaves_out_the_warm_up_and_the_evaluated_last_step() -> None:
+    from benchmarks.b10_dpo import STEPS, WARMUP_STEPS, steady_steps_per_second
+
+    warm_up = [10.0 * i for i in range(WARMUP_STEPS)]
+    steady = [warm_up[-1] + 0.5 * (i + 1) for i in range(STEPS - WARMUP_STEPS - 1)]
+    times = [*warm_up, *steady, steady[-1] + 30.0]  # the last step waits for the held-out evaluation
+    assert steady_steps_per_second(times) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="too few"):
+        steady_steps_per_second([1.0] * (WARMUP_STEPS + 1))
+
+
+def test_dpo_sides_take_turns_reversed_every_other_repeat() -> None:
+    from benchmarks.b10_dpo import in_turn
+
+    order: list[tuple[str, int]] = []
+
+    def side(name: str) -> Callable[[int], str]:
+        def run(repeat: int) -> str:
+            order.append((name, repeat))
+            return f"{name}{repeat}"
+
+        return run
+
+    runs = in_turn(2, [side("a"), side("b"), side("c")])
+    assert runs == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
+    assert order == [("a", 0), ("b", 0), ("c", 0), ("c", 1), ("b", 1), ("a", 1)]
+
+
+def test_dpo_measures_are_read_by_trls_name_or_the_columns() -> None:
+    from benchmarks.b10_dpo import final_measure, loss_gap
+
+    metrics: list[dict[str, Any]] = [
+        {"step": 1, "loss": 0.69, "eval_rewards/accuracies": None},
+        {"step": 2, "loss": 0.5, "eval_rewards/accuracies": 0.75, "eval_loss": 0.6},
+        {"step": 3, "loss": 0.4, "eval_rewards_accuracies": 1.0, "eval_loss": 0.3},
+    ]
+    assert final_measure(metrics, "eval_rewards/accuracies") == 1.0
+    assert final_measure(metrics, "eval_loss") == 0.3
+    with pytest.raises(ValueError, match="eval_rewards/accuracies"):
+        final_measure(metrics[:1], "eval_rewards/accuracies")
+    assert loss_gap([0.5, 0.3], [0.5, 0.2]) == pytest.approx(0.5)
+
+
+def test_the_reference_pass_is_timed_from_tuneqs_phase_events() -> None:
+    from benchmarks.b10_dpo import reference_pass_seconds
+
+    def phase(done: int, second: int, *, cached: bool = False) -> dict[str, Any]:
+        data = {"name": "reference_logps", "done": done, "total": 320, "cached": cached}
+        return {"type": "phase", "data": {**data, "time": f"2026-12-07T20:45:{second:02d}+00:00"}}
+
+    plan = {"type": "plan", "data": {"total_steps": 24}}
+    assert reference_pass_seconds([plan, phase(0, 41), phase(200, 43), phase(320, 45)]) == pytest.approx(4.0)
+    assert reference_pass_seconds([phase(320, 41, cached=True)]) is None  # found, not computed
+    assert reference_pass_seconds([plan]) is None
+
+
+def test_trls_log_lines_give_steps_evaluation_and_summary() -> None:
+    from benchmarks.b10_dpo import read_trl_log
+
+    lines = [
+        json.dumps({"step": 1, "time": 100.0, "loss": 0.69, "rewards/accuracies": 0.0}),
+        json.dumps({"step": 2, "time": 101.5, "loss": 0.66, "rewards/accuracies": 1.0}),
+        json.dumps({"step": 2, "time": 101.5, "train_runtime": 3.0, "train_loss": 0.67}),  # train()'s summary
+        json.dumps({"step": 2, "time": 101.5, "eval_loss": 0.6, "eval_rewards/accuracies": 0.875}),
+        json.dumps({"summary": {"init_seconds": 11.0}}),
+        "",
+    ]
+    log = read_trl_log(lines)
+    assert log.step_times == [100.0, 101.5] and log.losses == [0.69, 0.66]
+    assert (log.held_out_accuracy, log.held_out_loss) == (0.875, 0.6)
+    assert log.summary == {"init_seconds": 11.0}
+    with pytest.raises(ValueError, match="did it finish"):
+        read_trl_log(lines[:2])
+
+
+def test_dpo_timed_step_durations_are_those_steps_per_second_averages() -> None:
+    from benchmarks.b10_dpo import WARMUP_STEPS, steady_steps_per_second, timed_step_seconds
+
+    times = [float(i) for i in range(WARMUP_STEPS)] + [WARMUP_STEPS - 1 + 0.5 * (i + 1) for i in range(5)] + [99.0]
+    durations = timed_step_seconds(times)
+    assert durations == pytest.approx([0.5] * 5)
+    assert len(durations) / sum(durations) == pytest.approx(steady_steps_per_second(times))
