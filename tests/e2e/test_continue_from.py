@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cli.samples import write_text_dataset
+from cli.samples import seed_config, write_text_dataset
 
 from .harness import Tuneq, repeated_job_body, succeeded_with_losses
 
@@ -104,3 +104,16 @@ def test_a_job_on_an_output_is_checked_at_submit_and_planned(
     planned = service.client.post("/jobs/plan", json=repeated_job_body(home, model=f"job:{first['id']}"))
     assert planned.status_code == 200, planned.text
     assert planned.json()["total_steps"] == 4
+
+
+def test_a_zero3_checkpoint_of_two_ranks_is_a_model_to_continue_from(service: Tuneq, home: Path) -> None:
+    """The checkpoint's weights are sharded over two ranks (ZeRO-3): made whole by DeepSpeed's
+    zero_to_fp32 before the next job (on one rank, ZeRO-2) loads them."""
+    config = seed_config(fp16=False, train_batch_size=2, zero_stage=3, lr=1e-2)
+    training = {"max_steps": 12, "max_seq_length": 64, "checkpoint_every_steps": 6}
+    body = repeated_job_body(home, deepspeed_config=config, training=training, num_gpus=2)
+    sharded, losses = succeeded_with_losses(service, body)
+    assert losses[-1] < 0.5 * losses[0], losses
+    job, then = succeeded_with_losses(service, repeated_job_body(home, model=f"job:{sharded['id']}@step-6"))
+    assert (job["model_source"]["kind"], job["model_source"]["step"]) == ("deepspeed", 6)
+    assert then[0] < (losses[0] + losses[5]) / 2, (losses, then)  # it starts from step 6's weights
