@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -19,18 +20,21 @@ from api.v1.files_service import get_file
 from shared.data.preference import supervised_refusal
 from shared.data.records import preference_refusal
 from shared.data.uploaded_files import is_file_id
+from shared.db.engine import get_read_engine
 from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
 from shared.db.lifecycle import (
     ACTIVE,
     live_since,
     live_worker,
+    mark_committed_job_published,
     mark_published,
     record_event,
     request_cancel,
     request_pause,
     request_resume,
     route_job,
+    smallest_fitting_queue,
 )
 from shared.db.models import (
     Checkpoint,
@@ -56,26 +60,37 @@ logger = logging.getLogger(__name__)
 
 def deployment_hardware(*, session: Session, settings: Settings) -> Hardware | None:
     """The most the workers seen lately offer, and each of them with its memory and bf16
-    support (what a chosen DeepSpeed config must fit); None when none has been seen.
-
-    Read once per session (a request's): a request that asks twice (OpenAI's door lays out the
-    batch, then ``create_job`` chooses the config) gets one answer from one read."""
-    if _HARDWARE_KEY not in session.info:
-        workers = session.exec(select(Worker).where(live_worker(live_since(settings)))).all()
-        session.info[_HARDWARE_KEY] = Hardware.most_of(
-            Hardware(
-                w.accelerator,
-                w.device_count,
-                device_memory_bytes=w.device_memory_bytes,
-                bf16_supported=w.bf16_supported,
-            )
-            for w in workers
-        )
-    hardware: Hardware | None = session.info[_HARDWARE_KEY]
-    return hardware
+    support (what a chosen DeepSpeed config must fit); None when none has been seen."""
+    return Hardware.most_of(worker.hardware for worker in _live_workers(session=session, settings=settings))
 
 
-_HARDWARE_KEY = "tuneq.deployment_hardware"
+@dataclass(frozen=True, slots=True)
+class _LiveWorker:
+    hardware: Hardware
+    queue: str | None  # the size queue it consumes; None for a row from before queues
+
+
+def _live_workers(*, session: Session, settings: Settings) -> list[_LiveWorker]:
+    """The workers seen lately, read once per session (a request's): a request that asks again
+    (OpenAI's door lays out the batch, then ``create_job`` chooses the config, then routes the
+    job) gets one answer from one read."""
+    if _LIVE_WORKERS_KEY not in session.info:
+        query = sqlalchemy.select(
+            col(Worker.accelerator),
+            col(Worker.device_count),
+            col(Worker.device_memory_bytes),
+            col(Worker.bf16_supported),
+            col(Worker.queue),
+        ).where(live_worker(live_since(settings)))
+        session.info[_LIVE_WORKERS_KEY] = [
+            _LiveWorker(Hardware(accelerator, count, device_memory_bytes=memory, bf16_supported=bf16), queue)
+            for accelerator, count, memory, bf16, queue in session.execute(query).all()
+        ]
+    workers: list[_LiveWorker] = session.info[_LIVE_WORKERS_KEY]
+    return workers
+
+
+_LIVE_WORKERS_KEY = "tuneq.live_workers"
 
 
 class IdempotencyConflictError(Exception):
@@ -307,7 +322,8 @@ def create_job(
         if idempotency_key is not None and (existing := _job_for_key(session, idempotency_key, fingerprint, owner)):
             return existing, False
         raise
-    session.refresh(job)
+    # Not read back: every column of the row was set here (the ORM's defaults included), and the
+    # object keeps its values past the commit (the sessions' expire_on_commit=False).
     publish_job(session=session, settings=settings, job=job)
     return job, True
 
@@ -321,17 +337,30 @@ def publish_job(*, session: Session, settings: Settings, job: Job) -> None:
         # A gang is placed, not published: on enough idle workers now, or by a later pass.
         place_and_start(session=session, settings=settings)
         return
-    queue = route_job(session=session, settings=settings, num_gpus=job.num_gpus)
+    queue = _route(session=session, settings=settings, num_gpus=job.num_gpus)
     if queue is None:
         # No worker has been seen yet (a fresh deployment): the first one's reconciler publishes it.
         logger.info("job %s: no live worker yet; it is published when one starts", job.id)
         return
     try:
         enqueue_job(job.id, queue=queue)
-        mark_published(session=session, job_id=job.id, queue=queue)
+        if session.in_transaction():
+            mark_published(session=session, job_id=job.id, queue=queue)
+        else:  # after a submit's commit (its route read no more): the UPDATE alone, in autocommit
+            mark_committed_job_published(engine=get_read_engine(), job=job, queue=queue)
     except Exception as e:
         # The row is the source of truth: the reconciler publishes it once the broker is back.
         logger.warning("could not publish job %s (broker: %s); it stays queued until the broker is back", job.id, e)
+
+
+def _route(*, session: Session, settings: Settings, num_gpus: int) -> str | None:
+    """``route_job``'s queue, from the live workers this session read already when it did (a
+    submit's validation did), else read now."""
+    workers: list[_LiveWorker] | None = session.info.get(_LIVE_WORKERS_KEY)
+    if workers is None:
+        return route_job(session=session, settings=settings, num_gpus=num_gpus)
+    sizes = [w.hardware.device_count for w in workers if w.queue is not None]
+    return smallest_fitting_queue(settings, sizes=sizes, num_gpus=num_gpus)
 
 
 def cancel_job(*, session: Session, job_id: uuid.UUID) -> Job:

@@ -3,18 +3,23 @@
 Job and worker figures are read from SQL at scrape time (one collector, a few small queries),
 not counted in this process: the database is the one place job state lives, so every API
 replica reports the same numbers and a restart loses nothing. Request latency is the one
-figure only this process knows; it is kept in a histogram per route template.
+figure only the API's processes know; it is kept in a histogram per route template. Where
+``tuneq serve`` runs several processes (``api.server_processes``), each keeps its histogram in
+a file of ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode), and a scrape,
+whichever process answers it, sums them all.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func
 from sqlmodel import Session, col, select
@@ -121,17 +126,28 @@ class JobStateCollector(Collector):
         yield from f.values()
 
 
+# Set by `tuneq serve` for its processes (api.server_processes) before any of them imports
+# prometheus_client, which then keeps every metric's values in files there.
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
 def build_registry() -> tuple[CollectorRegistry, Histogram]:
+    """The registry ``/metrics`` exposes, and the latency histogram requests are observed in.
+    In multiprocess mode the registry reads every process's histogram from its file instead of
+    this one's (which is then registered nowhere, or a scrape would count it twice)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(JobStateCollector())
+    shared_dir = os.environ.get(METRICS_DIR_VARIABLE)
     latency = Histogram(
         "tuneq_http_request_duration_seconds",
         "Time from request to response headers, by route template, method and status.",
         labelnames=["method", "route", "status"],
-        registry=registry,
+        registry=None if shared_dir else registry,
         # Reads answer in milliseconds; a submit waits on the database and the broker.
         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     )
+    if shared_dir:
+        MultiProcessCollector(registry, path=shared_dir)
     return registry, latency
 
 

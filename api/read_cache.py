@@ -15,8 +15,11 @@ and answers from it for a short while (``TUNEQ_JOB_CACHE_SECONDS``, ``TUNEQ_KEY_
   different keys would each take their own (``read``). Many pollers of many jobs miss a few
   hundred times a second (each job once a ``ttl``), and each job's read on its own cost ~1 ms
   of the server's CPU, three requests' worth (BENCHMARKS.md, B9);
-- a change this process makes (a cancel) is seen by its next read at once (``forget``); a
-  change made elsewhere (a worker, another API replica, ``tuneq keys revoke``) within ``ttl``;
+- a change this process makes (a cancel) is seen by its next read at once (``forget``), and so
+  is one that another process of the same ``tuneq serve`` makes, when the caches share a count
+  of those changes (``share_changes``: ``api.server_processes`` does; any change makes every
+  process read again); a change made elsewhere (a worker, another API replica, ``tuneq keys
+  revoke``) within ``ttl``;
 - only what was found is kept: a job or key created a moment after a miss is found at once;
 - ``ttl`` 0 turns it off: every request reads the database.
 """
@@ -27,7 +30,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio.to_thread
 
@@ -40,10 +43,20 @@ MAX_ENTRIES = 10_000
 MAX_BATCH = 500
 
 
+class SharedChanges(Protocol):
+    """Changes the API processes of one server made, counted where all of them see the count
+    (``api.server_processes.ProcessChanges``): it only grows, and each change makes it grow."""
+
+    def count(self) -> int: ...
+
+    def add(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry(Generic[V]):
     value: V
     expires_at: float  # on the cache's clock, time.monotonic()
+    changes: int  # the shared count of changes when its read started (0 when none is shared)
 
 
 class ReadCache(Generic[K, V]):
@@ -57,10 +70,21 @@ class ReadCache(Generic[K, V]):
         self._reads: dict[K, asyncio.Future[V | None]] = {}
         self._batch: dict[K, asyncio.Future[V | None]] = {}  # read_batched's keys not yet being read
         self._batcher: asyncio.Task[None] | None = None
+        self._shared: SharedChanges | None = None
+
+    def share_changes(self, changes: SharedChanges) -> None:
+        """Count this cache's ``forget`` in ``changes``, and keep no value read before any change
+        counted there: the other processes' changes are then seen at once here too."""
+        self._shared = changes
+
+    def _changes(self) -> int:
+        return 0 if self._shared is None else self._shared.count()
 
     def _kept(self, key: K) -> _Entry[V] | None:
         entry = self._entries.get(key)
-        return entry if entry is not None and entry.expires_at > self._clock() else None
+        if entry is None or entry.expires_at <= self._clock():
+            return None
+        return entry if self._shared is None or entry.changes == self._shared.count() else None
 
     async def read(self, key: K, *, ttl: float, load: Callable[[K], V | None]) -> V | None:
         """The value: kept, shared with a read in flight, or ``load(key)`` run in the thread
@@ -94,14 +118,14 @@ class ReadCache(Generic[K, V]):
         return await asyncio.shield(future)
 
     async def _load(self, key: K, ttl: float, load: Callable[[K], V | None]) -> V | None:
-        started = self._clock()
+        started, changes = self._clock(), self._changes()
         this = asyncio.current_task()
         try:
             value = await anyio.to_thread.run_sync(load, key)
         finally:
             current = self._ended(key, this)
         if value is not None and current:
-            self._keep(key, _Entry(value, started + ttl))
+            self._keep(key, _Entry(value, started + ttl, changes))
         return value
 
     async def _load_batches(self, ttl: float, load_many: Callable[[list[K]], Mapping[K, V]]) -> None:
@@ -109,7 +133,7 @@ class ReadCache(Generic[K, V]):
         while self._batch:
             keys = list(self._batch)[:MAX_BATCH]
             batch = {key: self._batch.pop(key) for key in keys}
-            started = self._clock()
+            started, changes = self._clock(), self._changes()
             try:
                 values = await anyio.to_thread.run_sync(load_many, keys)
             except BaseException as e:  # reaches every request waiting for this batch
@@ -125,7 +149,7 @@ class ReadCache(Generic[K, V]):
             for key, future in batch.items():
                 value = values.get(key)
                 if self._ended(key, future) and value is not None:
-                    self._keep(key, _Entry(value, started + ttl))
+                    self._keep(key, _Entry(value, started + ttl, changes))
                 future.set_result(value)
 
     def _ended(self, key: K, read: asyncio.Future[V | None] | None) -> bool:
@@ -148,10 +172,13 @@ class ReadCache(Generic[K, V]):
         self._entries[key] = entry
 
     def forget(self, key: K) -> None:
-        """This process changed what ``key`` reads: its next read goes to the database."""
+        """This process changed what ``key`` reads: its next read goes to the database, and so
+        does every read of the processes this cache shares its changes with."""
         self._entries.pop(key, None)
         if key not in self._batch:  # a batched read not yet started reads the change: still shared
             self._reads.pop(key, None)
+        if self._shared is not None:
+            self._shared.add()
 
     def __len__(self) -> int:
         return len(self._entries)

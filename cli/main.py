@@ -106,32 +106,25 @@ def _resolve_auth(host: str) -> None:
 
 
 @app.command()
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int | None = typer.Option(
+        None, min=1, help="API processes on the one port (default TUNEQ_API_WORKERS: the host's cores, at most 4)."
+    ),
+) -> None:
     """Run the HTTP API (uvicorn). Off loopback it requires API keys (TUNEQ_AUTH)."""
-    import uvicorn
-
     _configure_logging()
     _resolve_auth(host)
     _prepare_database()
     _check_artifact_store()
-    from api.main import app as api
-    from api.server_stop import StoppingServer
+    from api.server_processes import serve_one_process, serve_processes
 
-    # On SIGTERM uvicorn waits for open requests; a plan in flight (minutes) or a client that
-    # keeps a stream open must not hold the server past its stop grace. What the grace cuts off,
-    # and what arrives once the stop began, is answered 503 with Retry-After (api.server_stop).
-    config = uvicorn.Config(
-        api,
-        host=host,
-        port=port,
-        log_level="info",
-        access_log=False,
-        timeout_graceful_shutdown=get_settings().api_stop_grace_seconds,
-        # asyncio's loop, not uvloop: uvloop's libuv accepts one connection per loop turn, so
-        # under load a burst of new connections waited seconds to be accepted (BENCHMARKS.md, B9).
-        loop="asyncio",
-    )
-    StoppingServer(config, stop=api.state.server_stop).run()
+    processes = workers or get_settings().api_worker_count
+    if processes == 1:
+        serve_one_process(host=host, port=port)
+        return
+    raise typer.Exit(serve_processes(host=host, port=port, workers=processes))
 
 
 @app.command()
@@ -213,7 +206,8 @@ def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     me = [sys.executable, "-P", "-m", "cli.main"]  # -P: see main()
     children = [
-        subprocess.Popen([*me, "serve", "--host", host, "--port", str(port)], start_new_session=True),
+        # One API process: the embedded default serves one user, and each process costs a start.
+        subprocess.Popen([*me, "serve", "--host", host, "--port", str(port), "--workers", "1"], start_new_session=True),
         subprocess.Popen([*me, "worker"], start_new_session=True),
     ]
     logger.info("tuneq dev: API on http://%s:%d, worker started (home %s)", host, port, get_settings().home)

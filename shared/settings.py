@@ -17,6 +17,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # line of tiny objects, which is what this bounds per upload or dataset read in flight.
 DEFAULT_MAX_LINE_BYTES = 8 * 1024**2
 
+# The most API processes `tuneq serve` starts by default (TUNEQ_API_WORKERS=0): past a few, a
+# host's cores are better spent on Postgres and the workers, and each process holds ~360 MB and
+# its own database pool.
+MAX_DEFAULT_API_WORKERS = 4
+
 
 class Settings(BaseSettings):
     """Every knob of the service. Defaults give the embedded, no-services setup."""
@@ -49,6 +54,11 @@ class Settings(BaseSettings):
     # time the process manager waits before SIGKILL (Docker's stop grace, Kubernetes'
     # terminationGracePeriodSeconds), less a few seconds for the plan child to be stopped.
     api_stop_grace_seconds: int = Field(default=10, ge=0)
+    # API processes `tuneq serve` runs on its one port (api.server_processes), each with its own
+    # event loop, read cache, plan child and database pool (up to 30 connections each); 1: one
+    # process. 0: the cores this process may run on, at most MAX_DEFAULT_API_WORKERS
+    # (``api_worker_count``). `tuneq serve --workers N` overrides it.
+    api_workers: int = Field(default=0, ge=0)
     # How often each worker's reconciler looks for lost jobs and unpublished queued ones.
     reconcile_seconds: float = 10.0
     # A queued job nobody claimed for this long is published again (the broker may have lost it).
@@ -169,6 +179,15 @@ class Settings(BaseSettings):
     def gang_port_range(self) -> tuple[int, int]:
         first, _, last = self.gang_ports.partition("-")
         return int(first), int(last)
+
+    @property
+    def api_worker_count(self) -> int:
+        """The API processes `tuneq serve` runs: TUNEQ_API_WORKERS, or for 0 the cores this process
+        may run on, at most MAX_DEFAULT_API_WORKERS."""
+        if self.api_workers:
+            return self.api_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(cores, MAX_DEFAULT_API_WORKERS))
 
     @property
     def runs_dir(self) -> Path:

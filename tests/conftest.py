@@ -32,6 +32,10 @@ BUFFER_REMOVAL_GRACE_SECONDS = 15.0
 # OpenMP threads than free cores, threads spin waiting for each other: a tiny model's job then
 # takes 2-5 times the CPU (and time) for the same steps. A job's own OMP_NUM_THREADS still wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One API process for each `tuneq serve` the tests start, as before TUNEQ_API_WORKERS: its default
+# (the host's cores) would double every server's start on this 2-core machine, and the tests of
+# several processes (tests/cli/test_serve.py) ask for them with --workers.
+os.environ.setdefault("TUNEQ_API_WORKERS", "1")
 
 
 # First: pytest-xdist's own hook (in each test process) reads the xdist_group markers added here.

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, update
+from sqlalchemy import ColumnElement, Engine, and_, delete, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, or_, select
 
 # Imported for its SQLAlchemy listeners: every process that records events here (the API and the
@@ -375,7 +376,14 @@ def route_job(*, session: Session, settings: Settings, num_gpus: int) -> str | N
             col(Worker.queue).is_not(None),
         )
     ).all()
-    return size_queue(settings, min(sizes)) if sizes else None
+    return smallest_fitting_queue(settings, sizes=sizes, num_gpus=num_gpus)
+
+
+def smallest_fitting_queue(settings: Settings, *, sizes: Iterable[int], num_gpus: int) -> str | None:
+    """``route_job``'s choice among the device counts of live workers that consume a queue: the
+    queue of the smallest that fits ``num_gpus``, None when none does."""
+    fitting = [size for size in sizes if size >= num_gpus]
+    return size_queue(settings, min(fitting)) if fitting else None
 
 
 def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
@@ -389,6 +397,18 @@ def mark_unpublished(*, session: Session, job_id: uuid.UUID) -> None:
 def mark_published(*, session: Session, job_id: uuid.UUID, queue: str) -> None:
     session.execute(update(Job).where(col(Job.id) == job_id).values(enqueued_at=utcnow(), queue=queue))
     session.commit()
+
+
+def mark_committed_job_published(*, engine: Engine, job: Job, queue: str) -> None:
+    """``mark_published`` for a job its session has just committed (a submit): the UPDATE alone
+    on ``engine`` (an autocommit one: no BEGIN and COMMIT around it, and no transaction left open
+    on the session), and ``job``, the session's object, takes the values it wrote without being
+    marked changed."""
+    values = {"enqueued_at": utcnow(), "queue": queue}
+    with engine.begin() as connection:
+        connection.execute(update(Job).where(col(Job.id) == job.id).values(**values))
+    for name, value in values.items():
+        set_committed_value(job, name, value)
 
 
 def record_progress(*, session: Session, job_id: uuid.UUID, values: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import multiprocessing
 import threading
 import uuid
 from collections.abc import Coroutine
@@ -10,6 +12,7 @@ from typing import Any, TypeVar
 
 from api.jobs_service import JobAnswer
 from api.read_cache import ReadCache
+from api.server_processes import ProcessChanges
 
 T = TypeVar("T")
 JobCache = ReadCache[uuid.UUID, JobAnswer]
@@ -380,3 +383,48 @@ def test_batched_ttl_zero_reads_every_time() -> None:
 
     run(scenario())
     assert database.batches == [[JOB]] * 3 and len(cache) == 0
+
+
+def _processes_sharing_changes() -> tuple[JobCache, JobCache]:
+    """Two API processes' caches of one `tuneq serve`, sharing their count of changes as the
+    server's processes do (api.server_processes)."""
+    counts = multiprocessing.get_context("spawn").RawArray(ctypes.c_uint64, 2)
+    first, second = JobCache(), JobCache()
+    first.share_changes(ProcessChanges(counts, 0))
+    second.share_changes(ProcessChanges(counts, 1))
+    return first, second
+
+
+def test_a_change_another_process_of_the_server_made_makes_its_kept_answers_read_again() -> None:
+    first, second = _processes_sharing_changes()
+    database = Batches()
+    other = uuid.uuid4()
+
+    async def scenario() -> None:
+        await asyncio.gather(*(first.read_batched(j, ttl=60.0, load_many=database) for j in (JOB, other)))
+        await first.read_batched(JOB, ttl=60.0, load_many=database)
+        assert len(database.batches) == 1  # kept
+        second.forget(JOB)  # the other process cancelled the job
+        answers = await asyncio.gather(*(first.read_batched(j, ttl=60.0, load_many=database) for j in (JOB, other)))
+        assert [a.body if a else None for a in answers] == [b'{"read":2}'] * 2  # every kept answer: read again
+        await first.read_batched(JOB, ttl=60.0, load_many=database)
+        assert len(database.batches) == 2  # and kept again
+
+    run(scenario())
+
+
+def test_a_read_in_flight_when_another_process_changed_the_job_is_not_kept() -> None:
+    first, second = _processes_sharing_changes()
+    database = Database()
+    database.release.clear()
+
+    async def scenario() -> None:
+        before = asyncio.ensure_future(first.read(JOB, ttl=60.0, load=database))
+        await asyncio.sleep(0.05)  # the read is in the thread pool, held
+        second.forget(JOB)
+        database.release.set()
+        assert (await before) is not None  # may predate the change: the requests waiting get it
+        after = await first.read(JOB, ttl=60.0, load=database)
+        assert after is not None and after.body == b'{"read":2}'
+
+    run(scenario())
