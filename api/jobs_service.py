@@ -8,6 +8,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy
@@ -402,6 +403,17 @@ def get_job(*, session: Session, job_id: uuid.UUID, owner: str) -> Job | None:
     return job if job is not None and job.owner == owner else None
 
 
+def jobs_with_id_prefix(*, session: Session, owner: str, prefix: str, limit: int) -> tuple[list[Job], int]:
+    """``owner``'s jobs whose id starts with ``prefix`` (1 to 32 lower-case hex digits, no
+    dashes: a short id as the dashboard and ``tuneq`` show it), newest first, at most ``limit``
+    of them, and how many there are. The ids of a prefix are one range of the primary key."""
+    low, high = uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
+    conditions = [col(Job.id) >= low, col(Job.id) <= high, col(Job.owner) == owner]
+    count = session.exec(select(func.count()).select_from(Job).where(*conditions)).one()
+    page = select(Job).where(*conditions).order_by(col(Job.created_at).desc()).limit(limit)
+    return list(session.exec(page).all()), int(count)
+
+
 @dataclass(frozen=True, slots=True)
 class JobAnswer:
     """What ``GET /jobs/{id}`` answers for one job: its owner (to answer another owner 404) and
@@ -427,17 +439,52 @@ def job_answers(*, session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.
     }
 
 
-def list_jobs(
-    *, session: Session, owner: str, status: JobStatus | None, skip: int, limit: int
-) -> tuple[list[Job], int]:
-    query = select(Job).where(Job.owner == owner)
-    count_query = select(func.count()).select_from(Job).where(Job.owner == owner)
-    if status is not None:
-        query = query.where(Job.status == status)
-        count_query = count_query.where(Job.status == status)
-    count = session.exec(count_query).one()
-    jobs = session.exec(query.order_by(col(Job.created_at).desc()).offset(skip).limit(limit)).all()
-    return list(jobs), int(count)
+# What GET /jobs sorts by: a column, then the id, so that pages never share or skip a row.
+# Each has an index that starts (owner, column): see shared.db.models.Job.
+JOB_SORT_COLUMNS: dict[str, Any] = {
+    "created_at": col(Job.created_at),
+    "name": col(Job.name),
+    "status": col(Job.status),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobListQuery:
+    """What ``GET /jobs`` asks for: its filters (None: any), its order and its page.
+
+    ``model`` and ``name`` match a part of the job's, ignoring case; ``sort`` is a key of
+    ``JOB_SORT_COLUMNS``, newest or largest first when ``descending``."""
+
+    status: JobStatus | None = None
+    model: str | None = None
+    name: str | None = None
+    created_after: datetime | None = None
+    sort: str = "created_at"
+    descending: bool = True
+    skip: int = 0
+    limit: int = 50
+
+
+def list_jobs(*, session: Session, owner: str, query: JobListQuery) -> tuple[list[Job], int]:
+    """One page of ``owner``'s jobs and how many match in all. The page and the count are index
+    ranges (shared.db.models.Job's indexes) except with ``model`` or ``name``, whose part-of
+    matches read each of the owner's rows (about 60 ms per 100,000 on Postgres)."""
+    conditions: list[Any] = [col(Job.owner) == owner]
+    if query.status is not None:
+        conditions.append(col(Job.status) == query.status)
+    if query.model:
+        conditions.append(col(Job.model).icontains(query.model, autoescape=True))
+    if query.name:
+        conditions.append(col(Job.name).icontains(query.name, autoescape=True))
+    if query.created_after is not None:
+        conditions.append(col(Job.created_at) > query.created_after)
+    count = session.exec(select(func.count()).select_from(Job).where(*conditions)).one()
+    # Ties broken by age, then id: the same order on every page, so pages never share a row.
+    keys = [query.sort, *(["created_at"] if query.sort != "created_at" else []), "id"]
+    columns = [JOB_SORT_COLUMNS.get(key, col(Job.id)) for key in keys]
+    order = [c.desc() if query.descending else c.asc() for c in columns]
+    page = select(Job).where(*conditions).order_by(*order).offset(query.skip).limit(query.limit)
+    return list(session.exec(page).all()), int(count)
 
 
 def list_metrics(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
@@ -50,6 +51,8 @@ RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
 # Offsets and event cursors are bound as SQL INTEGERs, 32 bits on Postgres (event ids are an INTEGER
 # primary key, so no cursor is larger): a larger value is a 422 naming the parameter, not a 500.
 SQL_INT_MAX = 2**31 - 1
+# GET /jobs's sort: one of jobs_service.JOB_SORT_COLUMNS, '-' first for descending.
+JOB_SORT_PATTERN = "^-?(" + "|".join(jobs_service.JOB_SORT_COLUMNS) + ")$"
 
 
 def _not_found(job_id: uuid.UUID) -> HTTPException:
@@ -115,10 +118,58 @@ def list_jobs(
     session: ReadSessionDep,
     owner: OwnerDep,
     status: JobStatus | None = None,
+    model: str | None = Query(default=None, max_length=1000, description="Jobs whose model contains this (any case)"),
+    name: str | None = Query(default=None, max_length=200, description="Jobs whose name contains this (any case)"),
+    created_after: Annotated[
+        datetime | None, Query(description="Jobs created after this time (ISO 8601; UTC unless it says)")
+    ] = None,
+    sort: str = Query(
+        default="-created_at",
+        pattern=JOB_SORT_PATTERN,
+        description="created_at, name, status, model or step; a leading '-' sorts newest or largest first",
+    ),
     skip: int = Query(default=0, ge=0, le=SQL_INT_MAX),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
-    jobs, count = jobs_service.list_jobs(session=session, owner=owner, status=status, skip=skip, limit=limit)
+    """The caller's jobs, a page at a time (``skip``, ``limit``), newest first unless ``sort``
+    says otherwise; ``count`` is how many match the filters in all."""
+    query = jobs_service.JobListQuery(
+        status=status,
+        model=model,
+        name=name,
+        created_after=created_after.replace(tzinfo=UTC)
+        if created_after and not created_after.tzinfo
+        else created_after,
+        sort=sort.removeprefix("-"),
+        descending=sort.startswith("-"),
+        skip=skip,
+        limit=limit,
+    )
+    jobs, count = jobs_service.list_jobs(session=session, owner=owner, query=query)
+    return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
+
+
+# How many jobs GET /jobs/lookup answers: enough to tell the caller which ids an ambiguous
+# short id starts (its count says how many there are in all).
+ID_PREFIX_MATCHES = 10
+
+
+# Before GET /jobs/{job_id}, which would take "lookup" for a job id (and refuse it: not a UUID).
+@router.get("/lookup", response_model=JobsPublic)
+def lookup_jobs(
+    session: ReadSessionDep,
+    owner: OwnerDep,
+    id_prefix: str = Query(
+        min_length=1,
+        max_length=36,
+        pattern="^-*(?:[0-9A-Fa-f]-*){1,32}$",  # 1 to 32 hex digits, with the dashes of an id or not
+        description="The first characters of a job's id (a short id, as the dashboard and `tuneq jobs` show it)",
+    ),
+) -> JobsPublic:
+    """The caller's jobs whose id starts with ``id_prefix`` (dashes ignored), newest first, at
+    most 10; ``count`` is how many there are: one is the job a short id names."""
+    prefix = id_prefix.replace("-", "").lower()
+    jobs, count = jobs_service.jobs_with_id_prefix(session=session, owner=owner, prefix=prefix, limit=ID_PREFIX_MATCHES)
     return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
 
 

@@ -32,7 +32,14 @@ LOCAL_OWNER = "local"
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
     # Idempotency keys are the client's, so unique per owner: two teams may pick the same one.
-    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
+        # GET /jobs's pages and counts (api.jobs_service.list_jobs): an owner's jobs newest first,
+        # of one status, or by name.
+        Index("ix_jobs_owner_created_at", "owner", "created_at"),
+        Index("ix_jobs_owner_status_created_at", "owner", "status", "created_at"),
+        Index("ix_jobs_owner_name", "owner", "name"),
+    )
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     # Who submitted it (an API key's owner): other owners' requests never see it.

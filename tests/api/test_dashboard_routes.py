@@ -21,24 +21,37 @@ def test_root_serves_the_dashboard_page(client: TestClient) -> None:
     response = client.get("/")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
-    assert 'src="/dashboard/dashboard.js"' in response.text
-    assert 'id="loss-chart"' in response.text and 'id="lr-chart"' in response.text
-    assert 'id="nodes-table"' in response.text  # a multi-node job's nodes (dashboard.js renderNodes)
-    assert 'id="rewards-chart"' in response.text and 'id="accuracy-chart"' in response.text  # a DPO job's
+    assert 'src="/dashboard/app.js"' in response.text
+    assert 'href="/dashboard/app.css"' in response.text
+    assert 'rel="icon" href="/dashboard/favicon.svg"' in response.text
 
 
 @pytest.mark.parametrize(
     ("name", "media_type", "marker"),
-    [("dashboard.js", "text/javascript", "readEvents"), ("dashboard.css", "text/css", "svg.chart")],
+    [
+        ("app.js", "text/javascript", "/events/stream"),  # the live charts' event stream
+        ("app.css", "text/css", ".uplot"),  # uPlot's styles, bundled with the page's
+        ("favicon.svg", "image/svg+xml", "<svg"),
+    ],
 )
 def test_static_files_are_served(client: TestClient, name: str, media_type: str, marker: str) -> None:
     response = client.get(f"/dashboard/{name}")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith(media_type)
+    assert response.headers["cache-control"] == "no-cache"
     assert marker in response.text
 
 
-@pytest.mark.parametrize("name", ["missing.js", "..%2Fmain.py", "%2E%2E%2Froutes%2Fdashboard.py"])
+def test_favicon_ico_is_the_icon(client: TestClient) -> None:
+    # Browsers and tools that ask /favicon.ico get the icon, not a 404 in the console.
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("image/svg+xml")
+
+
+@pytest.mark.parametrize(
+    "name", ["missing.js", "..%2Fmain.py", "%2E%2E%2Froutes%2Fdashboard.py", "dashboard.js", "..%2F..%2Fmain.py"]
+)
 def test_only_the_dashboard_files_are_served(client: TestClient, name: str) -> None:
     assert client.get(f"/dashboard/{name}").status_code == 404
 
@@ -52,6 +65,7 @@ def test_the_dashboard_needs_no_key_and_is_not_in_the_schema(
     get_settings.cache_clear()
     assert client.get("/jobs").status_code == 401  # the page then asks for a key
     assert client.get("/").status_code == 200
-    assert client.get("/dashboard/dashboard.js").status_code == 200
+    assert client.get("/dashboard/app.js").status_code == 200
+    assert client.get("/favicon.ico").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
-    assert "/" not in paths and not any(p.startswith("/dashboard") for p in paths)
+    assert "/" not in paths and "/favicon.ico" not in paths and not any(p.startswith("/dashboard") for p in paths)

@@ -1,14 +1,20 @@
 """The web dashboard in a real headless Chromium against a real ``tuneq dev`` training a job.
 
 Debian's ``chromium`` package, driven by Playwright with ``executable_path`` (no browser
-download). The page's charts must draw points while the job runs, fed by the event stream;
-a screenshot is kept under ``$TUNEQ_TEST_ARTIFACTS`` (default ``tests/artifacts/``).
+download). Each view is checked at desktop width in light mode and at 390 px in dark mode, with
+axe-core (no serious or critical violation) and no console error; screenshots are written under
+``$TUNEQ_TEST_ARTIFACTS`` (default ``tests/artifacts/``, which git ignores) for a developer to open.
+One service serves all of the first test's checks: starting it and training is the slow part.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,10 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("TUNEQ_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("TUNEQ_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "artifacts")
+DASHBOARD_SOURCES = Path(__file__).resolve().parents[2] / "dashboard"
 TIMEOUT_MS = 180_000  # the first steps wait for DeepSpeed to start its ranks
+DESKTOP = {"viewport": {"width": 1280, "height": 900}, "color_scheme": "light"}
+PHONE = {"viewport": {"width": 390, "height": 844}, "color_scheme": "dark", "is_mobile": True, "has_touch": True}
 
 
 @pytest.fixture
@@ -42,10 +51,75 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
-def long_job(model: Path, dataset: Path) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def axe_source() -> str:
+    """axe-core's script, from the npm package dashboard/package-lock.json pins."""
+    script = DASHBOARD_SOURCES / "node_modules" / "axe-core" / "axe.min.js"
+    if not script.exists():
+        if shutil.which("npm") is None:
+            require_service("npm", "needed to install axe-core (apt-get install npm)")
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DASHBOARD_SOURCES, check=True)
+    return script.read_text()
+
+
+class Watched:
+    """A page whose console errors and failed requests are collected (an expected 404 aside)."""
+
+    def __init__(self, browser: Any, options: dict[str, Any], base: str) -> None:
+        self.context = browser.new_context(**options)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.base = base
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.expected_404: set[str] = set()
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.on("console", self._console)
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+    def _console(self, message: Any) -> None:
+        if message.type != "error":
+            return
+        url = message.location.get("url", "")
+        if "404" in message.text and any(part in url for part in self.expected_404):
+            return
+        self.errors.append(f"console: {message.text} ({url})")
+
+    def open(self, hash_route: str) -> Any:
+        self.page.goto(f"{self.base}/{hash_route}")
+        return self.page
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def check_accessible(page: Any, axe_source: str, where: str) -> None:
+    page.add_script_tag(content=axe_source)
+    results = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    serious = [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert serious == [], f"axe-core, {where}:\n" + "\n".join(serious)
+
+
+def screenshot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
+def fits_width(page: Any) -> bool:
+    """Nothing but scroll boxes made for it (the tables') is wider than the window."""
+    return bool(page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1"))
+
+
+def long_job(model: Path, dataset: Path, name: str = "dashboard-e2e") -> dict[str, Any]:
     """Runs until cancelled, with frequent checkpoints so the page lists some."""
     return {
-        "name": "dashboard-e2e",
+        "name": name,
         "model": str(model),
         "dataset": str(dataset),
         "deepspeed_config": seed_config(fp16=False, lr=1e-3),
@@ -57,69 +131,126 @@ def points(page: Any, chart: str) -> int:
     return int(page.get_attribute(f"#{chart}", "data-points") or 0)
 
 
-def test_dashboard_shows_a_running_job_live_pauses_and_cancels_it(
-    chromium: Any, tuneq_home: Path, tiny_model: Path, text_dataset: Path
+def check_jobs_list(watched: Watched, job: dict[str, Any], axe_source: str, name: str) -> None:
+    page = watched.open("#/jobs?status=running")
+    row = page.locator(f'#jobs-table tr[data-job-id="{job["id"]}"]')
+    row.wait_for()
+    assert "dashboard-e2e" in row.inner_text() and job["id"][:8] in row.locator("td.job code").inner_text()
+    page.wait_for_function(
+        f"document.querySelector('tr[data-job-id=\"{job['id']}\"] td.speed').textContent.includes('tok/s')"
+    )
+    assert "lr" in row.locator("td.hyper").inner_text()
+    assert page.input_value("#filter-status") == "running"  # the filter is read from the URL
+    check_accessible(page, axe_source, f"jobs list, {name}")
+    assert fits_width(page), f"jobs list overflows at {name}"
+    screenshot(page, f"jobs-{name}")
+
+
+def check_job_page(watched: Watched, job: dict[str, Any], axe_source: str, name: str) -> None:
+    page = watched.open(f"#/jobs/{job['id']}")
+    page.wait_for_function("document.querySelector('#job-status')?.textContent === 'running'")
+    page.wait_for_function("Number(document.querySelector('#loss-chart')?.dataset.points) >= 2")
+    page.locator("#artifacts li").first.wait_for()
+    page.wait_for_function("document.querySelector('#log').textContent.trim().length > 0")
+    check_accessible(page, axe_source, f"job page, {name}")
+    assert fits_width(page), f"job page overflows at {name}"
+    screenshot(page, f"job-{name}")
+
+
+def test_dashboard_lists_shows_controls_and_forgets_a_job(
+    chromium: Any, axe_source: str, tuneq_home: Path, tiny_model: Path, text_dataset: Path
 ) -> None:
     tuneq = Tuneq(home=tuneq_home).start()
+    base = f"http://127.0.0.1:{tuneq.port}"
+    desktop = Watched(chromium, DESKTOP, base)
+    phone = Watched(chromium, PHONE, base)
     try:
         job = tuneq.submit(long_job(tiny_model, text_dataset))
-        page = chromium.new_page(viewport={"width": 1100, "height": 900})
-        page.set_default_timeout(TIMEOUT_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"http://127.0.0.1:{tuneq.port}/")
+        page = desktop.open("#/jobs")
 
-        # The jobs table lists the job with its status, model and progress.
+        # The list: the job's row, its short id, model and status; a filter is a URL.
         row = page.locator(f'#jobs-table tr[data-job-id="{job["id"]}"]')
         row.wait_for()
-        assert "dashboard-e2e" in row.inner_text()
         assert str(tiny_model) in row.locator("td.model").inner_text()
-        assert row.locator("td.status").inner_text() in ("queued", "running")
+        page.select_option("#filter-status", "failed")
+        page.wait_for_url("**/#/jobs?status=failed")
+        row.wait_for(state="detached")
+        page.fill("#filter-name", "e2e")
+        page.press("#filter-name", "Enter")
+        page.wait_for_url("**/#/jobs?status=failed&name=e2e")
+        page.goto(f"{base}/#/jobs?name=dashboard")
+        row.wait_for()
+        page.click("th button.sort >> text=Job")
+        page.wait_for_url("**/#/jobs?name=dashboard&sort=name")
 
-        row.locator("a").click()
+        # The job page: live charts, the log, checkpoints as links with sizes, the timeline.
+        row.locator("td.job a").click()
         page.wait_for_url(f"**/#/jobs/{job['id']}")
         page.wait_for_function(
-            "document.querySelector('#job-status').textContent === 'running'"
-            " && Number(document.querySelector('#loss-chart').dataset.points) >= 2"
+            "document.querySelector('#job-status')?.textContent === 'running'"
+            " && Number(document.querySelector('#loss-chart')?.dataset.points) >= 2"
         )
-        # Points keep arriving while the job runs: the stream is live, not a one-off replay.
-        seen = points(page, "loss-chart")
+        seen = points(page, "loss-chart")  # points keep arriving: the stream is live
         page.wait_for_function(f"Number(document.querySelector('#loss-chart').dataset.points) > {seen}")
-        assert page.text_content("#job-status") == "running"
-        assert points(page, "lr-chart") >= 2
-        # The line has a vertex per counted point (read in one go: points keep arriving, and
-        # past a few dozen the chart draws the line without markers).
-        counted, vertices = page.evaluate(
-            "() => { const c = document.querySelector('#loss-chart');"
-            " const line = c.querySelector('polyline.line');"
-            " return [Number(c.dataset.points), line ? line.getAttribute('points').trim().split(/\\s+/).length : 0]; }"
-        )
-        assert vertices == counted >= 2
+        for chart in ("lr-chart", "speed-chart", "grad-norm-chart"):
+            assert points(page, chart) >= 1, chart
+        assert page.locator("#rewards-chart").count() == 0  # an SFT job has no DPO rewards
+        page.check("#loss-chart .log-toggle input")  # the log scale redraws the same points
+        assert points(page, "loss-chart") >= seen
+        page.locator("#artifacts li").first.wait_for()
+        link = page.locator("#artifacts a").first
+        assert link.get_attribute("href").startswith(f"/jobs/{job['id']}/artifacts/")
+        assert "iB" in page.inner_text("#artifacts")  # sizes
+        assert "running" in page.inner_text("#timeline")
+        page.wait_for_function("document.querySelector('#log').textContent.trim().length > 0")
+        page.fill("#log-search", "no line has this text")
+        page.wait_for_function("document.querySelector('#log').textContent === ''")
+        page.fill("#log-search", "")
+        assert page.inner_text("#fact-elapsed").endswith("s")  # "12s", "1m 3s"
 
-        # Checkpoints every 3 steps, and the worker's log tail.
-        page.locator("#checkpoints li").first.wait_for()
-        assert "step 3" in page.inner_text("#checkpoints")
-        page.wait_for_function("document.querySelector('#log-tail').textContent.trim().length > 0")
+        check_jobs_list(desktop, job, axe_source, "desktop-light")
+        check_jobs_list(phone, job, axe_source, "390px-dark")
+        check_job_page(desktop, job, axe_source, "desktop-light")
+        check_job_page(phone, job, axe_source, "390px-dark")
 
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        screenshot = ARTIFACTS / "dashboard.png"
-        page.screenshot(path=str(screenshot), full_page=True)
-        assert screenshot.stat().st_size > 0
+        # Going from the job to an unknown id: "not found", and every poll and stream of the
+        # first job stops (no request for it after the move).
+        missing = str(uuid.uuid4())
+        desktop.expected_404.add(missing)
+        page = desktop.page
+        page.evaluate(f"location.hash = '#/jobs/{missing}'")
+        page.locator("#job-missing").wait_for()
+        assert page.locator("#job-status").count() == 0 and page.locator("#loss-chart").count() == 0
+        time.sleep(0.5)  # requests already in flight end
+        before = len(desktop.requests)
+        time.sleep(5)  # more than two poll periods
+        later = desktop.requests[before:]
+        assert [u for u in later if job["id"] in u or missing in u] == [], later
+        page.evaluate("location.hash = '#/jobs/not-a-job'")
+        page.wait_for_function("document.querySelector('#job-missing')?.textContent.includes('not-a-job')")
 
-        # The pause button pauses the running job (its ranks checkpoint and exit); the page
-        # follows it to `paused` and offers to resume it instead.
-        assert page.text_content("#pause-button") == "Pause" and page.is_enabled("#pause-button")
+        # Pause, then Cancel, which asks first.
+        page = desktop.open(f"#/jobs/{job['id']}")
+        page.wait_for_function("document.querySelector('#pause-button')?.textContent === 'Pause'")
         page.click("#pause-button")
         page.wait_for_function("document.querySelector('#job-status').textContent === 'paused'")
         page.wait_for_function("document.querySelector('#pause-button').textContent === 'Resume'")
-        assert page.is_enabled("#pause-button")
-        # The cancel button stops the job (a paused one at once); the page follows it to `cancelled`.
         page.click("#cancel-button")
+        assert page.locator("#cancel-dialog").is_visible()
+        check_accessible(page, axe_source, "cancel dialog")
+        page.click("#cancel-dialog button[value=keep]")  # "Keep running": nothing happens
+        assert not page.locator("#cancel-dialog").is_visible()
+        time.sleep(1)
+        assert tuneq.job(job["id"])["status"] == "paused"
+        page.click("#cancel-button")
+        page.click("#cancel-confirm")
         page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelled'")
         assert tuneq.wait(job["id"], timeout=60)["status"] == "cancelled"
         assert page.is_disabled("#cancel-button") and page.is_disabled("#pause-button")
-        assert errors == []
+        assert desktop.errors == [] and phone.errors == [], json.dumps(desktop.errors + phone.errors, indent=1)
     finally:
+        desktop.close()
+        phone.close()
         tuneq.stop()
 
 
@@ -142,14 +273,14 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         page.fill("#api-key", key)
         page.click("#key-form button")
         page.locator(f'#jobs-table tr[data-job-id="{job["id"]}"]').wait_for()
-        assert page.is_hidden("#key-form")
+        assert page.locator("#key-form").count() == 0
 
-        # The key is kept across reloads, and the event stream (read with fetch, which can send
-        # the header) replays the finished job's steps into the charts.
+        # The key is kept across reloads, and the metrics (read with fetch, which can send the
+        # header) fill the charts of the finished job.
         page.goto(f"http://127.0.0.1:{tuneq.port}/#/jobs/{job['id']}")
-        page.wait_for_function("document.querySelector('#job-status').textContent === 'succeeded'")
+        page.wait_for_function("document.querySelector('#job-status')?.textContent === 'succeeded'")
         page.wait_for_function("Number(document.querySelector('#loss-chart').dataset.points) === 3")
         assert points(page, "lr-chart") == 3
-        assert page.is_hidden("#key-form") and page.is_disabled("#cancel-button")
+        assert page.locator("#key-form").count() == 0 and page.is_disabled("#cancel-button")
     finally:
         tuneq.stop()

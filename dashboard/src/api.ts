@@ -1,0 +1,148 @@
+// Every call the dashboard makes goes to the same HTTP API any client uses. With auth on, a 401
+// asks the page for a key (kept in localStorage, sent as "Authorization: Bearer <key>").
+
+const KEY_STORAGE = "tuneq.apiKey";
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+type Listener = () => void;
+const unauthorizedListeners = new Set<Listener>();
+
+/** Calls `listener` whenever the API answers 401; returns the unsubscribe function. */
+export function onUnauthorized(listener: Listener): () => void {
+  unauthorizedListeners.add(listener);
+  return () => unauthorizedListeners.delete(listener);
+}
+
+export function storedKey(): string | null {
+  return localStorage.getItem(KEY_STORAGE);
+}
+
+export function storeKey(key: string): void {
+  if (key) localStorage.setItem(KEY_STORAGE, key);
+  else localStorage.removeItem(KEY_STORAGE);
+}
+
+export function authHeaders(): Record<string, string> {
+  const key = storedKey();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+async function errorOf(response: Response): Promise<ApiError> {
+  let message = response.statusText;
+  try {
+    const detail = ((await response.json()) as { detail?: unknown }).detail;
+    message = typeof detail === "string" ? detail : JSON.stringify(detail);
+  } catch {
+    // not JSON: keep the status text
+  }
+  if (response.status === 401) unauthorizedListeners.forEach((listener) => listener());
+  return new ApiError(response.status, message);
+}
+
+export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const response = await fetch(path, {
+    ...init,
+    headers: { Accept: "application/json", ...authHeaders(), ...(init.headers as Record<string, string>) },
+  });
+  if (!response.ok) throw await errorOf(response);
+  return (await response.json()) as T;
+}
+
+/** An abort, or an error the page has already handled (a 401 shows the key form). */
+export function isQuiet(error: unknown): boolean {
+  return (error instanceof DOMException && error.name === "AbortError") || (error instanceof ApiError && error.status === 401);
+}
+
+export function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+async function openStream(path: string, accept: string, signal: AbortSignal): Promise<ReadableStreamDefaultReader<string>> {
+  const response = await fetch(path, { headers: { Accept: accept, ...authHeaders() }, signal });
+  if (!response.ok || !response.body) throw await errorOf(response);
+  return response.body.pipeThrough(new TextDecoderStream()).getReader();
+}
+
+export interface JobEvent {
+  id: number;
+  type: string;
+  data: Record<string, unknown>;
+  created_at: string;
+}
+
+/**
+ * Reads /jobs/<id>/events/stream (Server-Sent Events) with fetch, which can send the
+ * Authorization header that EventSource cannot, and calls onEvent with each event until the
+ * server ends the stream (after the job's terminal status) or `signal` aborts. Returns the last
+ * event id seen, from which a caller resumes a cut stream.
+ */
+export async function readEvents(
+  jobId: string,
+  after: number,
+  signal: AbortSignal,
+  onEvent: (event: JobEvent) => void,
+): Promise<number> {
+  const reader = await openStream(`/jobs/${jobId}/events/stream?after=${after}`, "text/event-stream", signal);
+  let buffer = "";
+  let cursor = after;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return cursor;
+    buffer += value.replace(/\r\n?/g, "\n"); // sse-starlette ends lines with \r\n
+    let end: number;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = frame
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (!data) continue; // a ": ping" keeps the connection open
+      const event = JSON.parse(data) as JobEvent;
+      cursor = event.id;
+      onEvent(event);
+    }
+  }
+}
+
+/** Reads a text/plain stream (GET /jobs/<id>/logs?follow=true) a line at a time until it ends. */
+export async function readLines(path: string, signal: AbortSignal, onLines: (lines: string[]) => void): Promise<void> {
+  const reader = await openStream(path, "text/plain", signal);
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) {
+      if (buffer) onLines([buffer]);
+      return;
+    }
+    buffer += value;
+    const lines = buffer.split("\n");
+    buffer = lines.pop() ?? "";
+    if (lines.length) onLines(lines);
+  }
+}
+
+/** Saves a response as a file: for downloads that need the Authorization header. */
+export async function downloadWithKey(path: string, filename: string): Promise<void> {
+  const response = await fetch(path, { headers: authHeaders() });
+  if (!response.ok) throw await errorOf(response);
+  saveBlob(await response.blob(), filename);
+}
+
+export function saveBlob(blob: Blob, filename: string): void {
+  const url = URL.createObjectURL(blob);
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}

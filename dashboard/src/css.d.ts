@@ -1,0 +1,2 @@
+// esbuild bundles imported styles into app.css.
+declare module "*.css";
