@@ -1,6 +1,6 @@
 """The ``tuneq`` command: ``serve`` (API), ``worker`` (Celery), ``dev`` (both), ``migrate``, ``demo``,
 and the HTTP client's ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``pause``, ``resume``,
-``download`` (``cli.client``).
+``download`` (``cli.commands``).
 
 ``cli`` may import ``api`` and ``worker`` (nothing imports ``cli``); it does so inside the
 commands that need them, so ``tuneq submit`` starts without loading the server or the worker.
@@ -21,7 +21,7 @@ from types import FrameType
 
 import typer
 
-from cli.client import register as register_client_commands
+from cli.commands import register as register_client_commands
 from shared.settings import get_settings
 
 app = typer.Typer(help="tuneq: fine-tune language models with DeepSpeed, as jobs.", no_args_is_help=True)

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from api.unknown_fields import with_field_suggestions
+
 PREFIX = "/v1"
 
 
@@ -125,6 +127,7 @@ async def validation_error_response(request: Request, exc: Exception) -> Respons
     """A validation error as the request's path answers one (the app's handler; also
     ``api.nul_refusal``'s answer, made before any route runs)."""
     assert isinstance(exc, RequestValidationError)
+    exc = with_field_suggestions(request, exc)  # an unknown field says which one was meant
     if not is_openai_path(request.url.path):
         return await request_validation_exception_handler(request, exc)
     # The first problem, as OpenAI reports one: a sentence and the parameter it is about.

@@ -6,12 +6,13 @@ pulls in torch, which the API only pays for on the first submit.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import KeysView, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from shared.spelling import did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +135,97 @@ def check_unknown_keys(config: dict[str, Any]) -> None:
     known = known_top_level_keys()
     for key in config:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else "remove it or check DeepSpeed's config reference"
+            hint = did_you_mean(key, known) or "remove it or check DeepSpeed's config reference"
             raise DeepSpeedConfigError((key,), f"DeepSpeed does not know the key '{key}': {hint}")
+
+
+@lru_cache(maxsize=1)
+def known_optimizer_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``optimizer.type`` values DeepSpeed's engine builds an optimizer from: its own
+    names, in any case (``DEEPSPEED_OPTIMIZERS``), and the classes of ``torch.optim`` by their
+    exact names (``_configure_basic_optimizer``: ``getattr(torch.optim, type)``)."""
+    import torch.optim  # loaded by DeepSpeed's parser already; its engine looks the name up here
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    torch_names = sorted(
+        name
+        for name, value in vars(torch.optim).items()
+        if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer
+    )
+    return tuple(DEEPSPEED_OPTIMIZERS), tuple(torch_names)
+
+
+@lru_cache(maxsize=1)
+def known_scheduler_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``scheduler.type`` values DeepSpeed's engine builds a scheduler from, by their exact
+    names (``_scheduler_from_config``): its own (``VALID_LR_SCHEDULES``), then the schedulers
+    of ``torch.optim.lr_scheduler``."""
+    import torch.optim.lr_scheduler as torch_schedulers  # as for known_optimizer_types
+    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+
+    base = torch_schedulers.LRScheduler
+    torch_names = sorted(
+        name
+        for name, value in vars(torch_schedulers).items()
+        if isinstance(value, type) and issubclass(value, base) and value is not base and not name.startswith("_")
+    )
+    return tuple(VALID_LR_SCHEDULES), tuple(torch_names)
+
+
+def check_optimizer_and_scheduler(config: Mapping[str, Any]) -> None:
+    """``optimizer.type`` and ``scheduler.type`` name what DeepSpeed's engine can build: else it
+    fails after the job was queued, with a traceback, once the model has loaded."""
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, Mapping) and "type" in optimizer:
+        deepspeed_names, torch_names = known_optimizer_types()
+        name = optimizer["type"]
+        if not (isinstance(name, str) and (name.lower() in deepspeed_names or name in torch_names)):
+            raise _unknown_type_error(
+                "optimizer",
+                name,
+                deepspeed_names,
+                torch_names,
+                f"DeepSpeed's {', '.join(deepspeed_names)} (any case), or a torch.optim optimizer: "
+                f"{', '.join(torch_names)}",
+            )
+    scheduler = config.get("scheduler")
+    if isinstance(scheduler, Mapping) and "type" in scheduler:
+        deepspeed_names, torch_names = known_scheduler_types()
+        name = scheduler["type"]
+        if not (isinstance(name, str) and (name in deepspeed_names or name in torch_names)):
+            raise _unknown_type_error(
+                "scheduler",
+                name,
+                deepspeed_names,
+                torch_names,
+                f"DeepSpeed's {', '.join(deepspeed_names)}, or a torch.optim.lr_scheduler scheduler: "
+                f"{', '.join(torch_names)}",
+            )
+
+
+def _unknown_type_error(
+    section: str, name: object, deepspeed_names: tuple[str, ...], torch_names: tuple[str, ...], known: str
+) -> DeepSpeedConfigError:
+    if not isinstance(name, str):
+        return DeepSpeedConfigError((section, "type"), f"{section}.type must be a name, not {name!r}: one of {known}")
+    hint = did_you_mean(name, (*deepspeed_names, *torch_names), ignore_case=True)
+    suggestion = f"{hint} " if hint else ""
+    return DeepSpeedConfigError(
+        (section, "type"),
+        f"DeepSpeed does not know the {section} '{name}': {suggestion}{section}.type is one of {known}",
+    )
+
+
+def _pydantic_message(error: Mapping[str, Any]) -> str:
+    """A pydantic error of DeepSpeed's config models as a sentence. An enum's choices are
+    listed once each: pydantic lists an alias twice (ZeRO's stage: "0, 1, 2, 3 or 3", its
+    max_stage being 3)."""
+    expected = (error.get("ctx") or {}).get("expected")
+    if error.get("type") != "enum" or not isinstance(expected, str):
+        return str(error["msg"])
+    choices = list(dict.fromkeys(part.strip() for part in expected.replace(" or ", ", ").split(",")))
+    listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+    return f"must be {listed}, not {error.get('input')!r}"
 
 
 def check_switches(config: Mapping[str, Any], loc: tuple[str | int, ...] = ()) -> None:
@@ -174,13 +263,14 @@ def resolve_deepspeed_config(config: dict[str, Any], *, world_size: int) -> Reso
     _quiet_deepspeed()
     check_unknown_keys(config)
     check_switches(config)
+    check_optimizer_and_scheduler(config)
     try:
         parsed = _config_for_world_size(dict(config), world_size)
     except ValidationError as e:
         err = e.errors()[0]
         section = _SECTION_OF_MODEL.get(e.title)
         field_loc: tuple[str | int, ...] = ((section,) if section else ()) + tuple(err["loc"])
-        raise DeepSpeedConfigError(field_loc, f"DeepSpeed refused this config: {err['msg']}") from None
+        raise DeepSpeedConfigError(field_loc, f"DeepSpeed refused this config: {_pydantic_message(err)}") from None
     except Exception as e:
         # Whatever DeepSpeed's parser raises on a config (its asserts, its own
         # DeepSpeedConfigError for a section it removed: nebula, elasticity, ...): the user's

@@ -469,7 +469,9 @@ class FineTuneRecipe:
             if step < self.total_steps and (stop := self.stop.agreed(engine.device)):
                 if stop == Stop.pause:
                     self.pause(window)
-                logger.info("%s requested: leaving after step %d", stop.name, step)
+                logger.info(
+                    "%s requested: leaving after step %d", "pause" if stop == Stop.pause else "cancel or stop", step
+                )
                 return False
 
         if self.last_saved_step != self.step:

@@ -150,7 +150,7 @@ def test_zero_stage_and_offload_device_use_deepspeeds_message(
     config = seed_config(fp16=False)
     config["zero_optimization"]["stage"] = 5  # type: ignore[index]
     found = problems(job(model_dir, dataset, deepspeed_config=config), settings)
-    assert "0, 1, 2, 3" in found[("body", "deepspeed_config", "zero_optimization", "stage")]
+    assert "must be 0, 1, 2 or 3, not 5" in found[("body", "deepspeed_config", "zero_optimization", "stage")]
     config = seed_config(fp16=False)
     config["zero_optimization"]["offload_optimizer"]["device"] = "gpu"  # type: ignore[index]
     found = problems(job(model_dir, dataset, deepspeed_config=config), settings)
