@@ -14,31 +14,42 @@ EXTRAS ?= dev
 comma  := ,
 # One stamp per set of extras: `make install EXTRAS=dev,gpu` after a plain install adds the GPU extra.
 STAMP  := $(VENV)/.tuneq-installed-$(subst $(comma),-,$(EXTRAS))
+# The install and the demo say what they do in a line a step; `make V=1 ...` shows the commands too.
+Q      := $(if $(V),,@)
 
 .PHONY: install bytecode demo test test-fast lint format clean bench soak
 
 install: $(STAMP)
 
+# DeepSpeed builds against the torch already installed, hence no build isolation. Bytecode
+# compiled now (pip does by default, uv when asked): otherwise every tuneq process compiles
+# transformers, DeepSpeed, FastAPI, SQLAlchemy... again where PYTHONDONTWRITEBYTECODE is set,
+# as in many CI and container images (a `tuneq dev` start: 16 CPU-s without, 9 with).
+# Last, DeepSpeed's ops the ranks load (CPU Adam, fused Adam, on a CPU host the shared-memory
+# all-reduce), compiled now rather than in the first job; `tuneq build-ops` prints each op's
+# start and end.
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=69" wheel
-	$(PY) -m pip install --quiet "$(TORCH)"
-	# DeepSpeed builds against the torch already installed, hence no build isolation. Bytecode
-	# compiled now (pip does by default, uv when asked): otherwise every tuneq process compiles
-	# transformers, DeepSpeed, FastAPI, SQLAlchemy... again where PYTHONDONTWRITEBYTECODE is set,
-	# as in many CI and container images (a `tuneq dev` start: 16 CPU-s without, 9 with).
+	@echo "install: the virtual environment $(VENV) (pip, setuptools, wheel)"
+	$(Q)test -x $(PY) || python3 -m venv $(VENV)
+	$(Q)$(PY) -m pip install --quiet --upgrade pip "setuptools>=69" wheel
+	@echo "install: $(TORCH) (pip)"
+	$(Q)$(PY) -m pip install --quiet "$(TORCH)"
+	@echo "install: DeepSpeed, transformers and tuneq with the extras $(EXTRAS) ($(INSTALLER))"
 ifeq ($(INSTALLER),uv)
-	$(PY) -m pip install --quiet "uv>=0.5"
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation --compile-bytecode -e '.[$(EXTRAS)]'
+	$(Q)$(PY) -m pip install --quiet "uv>=0.5"
+	$(Q)$(VENV)/bin/uv pip install --quiet --python $(PY) --no-build-isolation --compile-bytecode -e '.[$(EXTRAS)]'
 else
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[$(EXTRAS)]'
+	$(Q)$(PY) -m pip install --quiet --no-build-isolation -e '.[$(EXTRAS)]'
 endif
-	# DeepSpeed's CPU Adam / fused Adam (and CPU shm all-reduce), compiled now rather than in the first job.
-	if [ "$(BUILD_OPS)" = yes ]; then $(VENV)/bin/tuneq build-ops; fi
-	touch $(STAMP)
+ifeq ($(BUILD_OPS),yes)
+	@echo "install: DeepSpeed's ops (tuneq build-ops)"
+	$(Q)$(VENV)/bin/tuneq build-ops
+endif
+	$(Q)touch $(STAMP)
+	@echo "install: done; the commands are in $(VENV)/bin (tuneq: $(VENV)/bin/tuneq)"
 
 demo: install
-	$(VENV)/bin/tuneq demo
+	$(Q)$(VENV)/bin/tuneq demo
 
 # Three test processes (pytest-xdist) on this 2-core machine, each file's tests in one of them
 # so a module's shared service is started once: the end-to-end tests wait (for a lease to run out,
@@ -53,7 +64,8 @@ TEST_WORKERS ?= 3
 SOURCES := api cli shared worker tests benchmarks
 
 bytecode:
-	$(PY) -m compileall -q $(SOURCES)
+	@echo "bytecode: compiling $(SOURCES)"
+	$(Q)$(PY) -m compileall -q $(SOURCES)
 
 test: install bytecode
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder

@@ -156,7 +156,8 @@ def worker() -> None:
 
 @app.command("build-ops")
 def build_ops() -> None:
-    """Compile the DeepSpeed ops a worker's ranks use (CPU Adam, fused Adam) ahead of the first job."""
+    """Compile the DeepSpeed ops a worker's ranks load (CPU Adam, fused Adam; on a CPU host the
+    shared-memory all-reduce) ahead of the first job, a line as each starts and ends."""
     from worker import launcher
 
     _configure_logging()

@@ -193,6 +193,7 @@ def build_tiny_model(
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from tokenizers import decoders as tok_decoders
     from transformers import GPTNeoConfig, GPTNeoForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as transformers_logging
 
     torch.manual_seed(seed)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -202,6 +203,7 @@ def build_tiny_model(
         vocab_size=600,
         special_tokens=["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte, so no text is <unk>
+        show_progress=False,  # its bars, or a blank line each where stdout is no terminal
     )
     tokenizer.train_from_iterator(sample_texts(500, seed=seed), trainer)
     fast = PreTrainedTokenizerFast(
@@ -227,6 +229,12 @@ def build_tiny_model(
     )
     model = GPTNeoForCausalLM(config)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # "Writing model shards", for a file of a few MB
+    try:
+        model.save_pretrained(directory)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
     fast.save_pretrained(directory)
     return directory

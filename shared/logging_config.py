@@ -12,6 +12,18 @@ from shared.settings import Settings
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class DeepSpeedAcceleratorGuess(logging.Filter):
+    """Drops DeepSpeed's ``Setting accelerator to CPU. If you have GPU or other accelerator, we
+    were unable to detect it.``: it says so in every tuneq process that imports DeepSpeed on a
+    host without GPUs and without DS_ACCELERATOR (the API checking a submitted config, the demo
+    saving its model through transformers). None of those runs ranks: a worker says what
+    hardware it found itself (``worker ... ready: 2 cpu device(s)``), and its ranks get
+    DS_ACCELERATOR (worker.launcher.rank_environment). DeepSpeed's other messages pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Setting accelerator to CPU.")
+
+
 def log_formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
         # One object per line; `extra={...}` fields (job_id, worker) become keys of their own,
@@ -30,6 +42,11 @@ def configure_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)
+    # DeepSpeed's logger has a handler of its own and does not propagate; it keeps this filter
+    # when it sets itself up on import (deepspeed.utils.logging.LoggerFactory).
+    deepspeed = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, DeepSpeedAcceleratorGuess) for f in deepspeed.filters):
+        deepspeed.addFilter(DeepSpeedAcceleratorGuess())
     # Alembic announces its plugins and dialect at INFO on every start; tuneq logs what it migrates.
     if root.level > logging.DEBUG:
         logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))

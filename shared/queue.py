@@ -73,13 +73,19 @@ PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "i
 
 
 def size_queue(settings: Settings, device_count: int) -> str:
-    """The queue the workers with ``device_count`` devices consume: ``tuneq-8gpu``.
+    """The queue the workers with ``device_count`` devices consume: ``tuneq-8dev`` for a host
+    of 8 GPUs, ``tuneq-2dev`` for a CPU worker of 2 cores (CPU workers count cores as devices).
 
     One queue per worker size lets a deployment mix hosts: a job goes to the smallest size
     that fits it (shared.db.lifecycle.route_job), so an 8-GPU host is not taken by 1-GPU jobs
-    while 1-GPU hosts sit idle. CPU workers count cores as devices.
+    while 1-GPU hosts sit idle.
+
+    Until 2026-12 the name said ``gpu`` (``tuneq-8gpu``, on CPU hosts too). A job queued under
+    such a name when a deployment upgrades has no live worker consuming its queue: the workers'
+    reconcilers publish it again to its size's queue of now (shared.db.lifecycle.unpublished_jobs),
+    TUNEQ_REPUBLISH_AFTER_SECONDS after it was published.
     """
-    return f"{settings.queue}-{device_count}gpu"
+    return f"{settings.queue}-{device_count}dev"
 
 
 def node_queue(settings: Settings, worker_id: str) -> str:

@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     worker_seen_seconds: int = 120
     # Training-log lines the API returns at most for one /logs request.
     max_log_tail: int = 10_000
-    # The queue jobs go to; later, one queue per worker size.
+    # The prefix of the broker's queues: one per worker size (`tuneq-2dev`, shared.queue.size_queue)
+    # and one per worker for the nodes of multi-node jobs placed on it (`tuneq-node-<worker>`).
     queue: str = "tuneq"
     # A running job's lease; a worker renews it every third of this. Expired: the worker is lost.
     lease_ttl_seconds: float = 60.0

@@ -7,8 +7,9 @@ comm backend loads in ``init_distributed``; a minute or more, inside the first j
 ``tuneq build-ops`` (run by ``make install``) runs this module with the ranks' own environment
 (worker.launcher.rank_environment), so the build lands where the ranks look for it: one
 directory per virtual environment (``OPS_BUILD_DIR``) unless TORCH_EXTENSIONS_DIR says
-otherwise. An image built with ``DS_BUILD_*`` (Dockerfile.gpu) has these ops compiled into
-DeepSpeed itself, and this finds them there.
+otherwise. It says which op it builds, how long each took and whether ccache had it, and which
+ops this host's accelerator has no use for. An image built with ``DS_BUILD_*`` (Dockerfile.gpu)
+has these ops compiled into DeepSpeed itself, and this finds them there.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,16 @@ from shared.jobs.run_layout import write_json_atomic
 logger = logging.getLogger(__name__)
 
 # ShareMemCommBuilder exists only on the CPU accelerator; on others _op_builders skips it.
+# Each is loaded by some job on the CPU path too: CPU Adam by an offloaded optimizer (the seed
+# config, the demo's), fused Adam by Adam and AdamW not offloaded (every chosen config on a CPU
+# worker), the shared-memory all-reduce by every CPU job's init_distributed, one rank or more.
 OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
+# What each op is for, as `tuneq build-ops` says it.
+OP_USES = {
+    "CPUAdamBuilder": "CPU Adam, for offload_optimizer",
+    "FusedAdamBuilder": "fused Adam, for Adam and AdamW not offloaded",
+    "ShareMemCommBuilder": "shared-memory all-reduce, for the ranks of a CPU host",
+}
 # Where the JIT-compiled ops go: one directory per virtual environment, as a clone with other
 # include paths would rebuild a shared one in turn.
 OPS_BUILD_DIR = Path(sys.prefix) / "torch_extensions"
@@ -213,15 +226,140 @@ def _op_builders() -> Iterator[tuple[str, Any]]:
 
 
 def build_ops() -> list[str]:
-    """Load (and compile, where not yet built) every op of OPS this host's accelerator has."""
+    """Load (and compile, where not yet built) every op of OPS this host's accelerator has and
+    can build, saying as it goes which op, how long it took and how (OpBuild), and which ops it
+    skips and why."""
+    from deepspeed.accelerator import get_accelerator
+
     remember_cpu_info()
+    accelerator = get_accelerator().device_name()
+    directory = extensions_dir()
+    compiler_cache = CompilerCache.find()
+    logger.info(
+        "DeepSpeed's ops for the %s accelerator, into %s (%s)", accelerator, directory, compiler_cache.description
+    )
+    started = time.monotonic()
     built = []
-    with abandoned_build_locks_removed():
-        for name, builder in _op_builders():
-            if builder.is_compatible():
-                builder.load()
+    have = dict(_op_builders())
+    with abandoned_build_locks_removed(directory):
+        for name in OPS:
+            builder = have.get(name)
+            if builder is None:
+                logger.info("%s (%s): skipped, the %s accelerator has no such op", name, OP_USES[name], accelerator)
+            elif not builder.is_compatible(verbose=True):  # DeepSpeed prints why
+                logger.info("%s (%s): skipped, DeepSpeed cannot build it on this host", builder.name, OP_USES[name])
+            else:
+                logger.info("%s (%s): started%s", builder.name, OP_USES[name], _first_build_note(builder, directory))
+                build = OpBuild.of(builder, directory=directory, compiler_cache=compiler_cache)
+                logger.info("%s: done in %s (%s)", builder.name, duration_text(build.seconds), build.how)
                 built.append(name)
+    names = ", ".join(have[name].name for name in built) or "none"
+    logger.info("DeepSpeed's ops ready in %s: %s", duration_text(time.monotonic() - started), names)
     return built
+
+
+def _first_build_note(builder: Any, directory: Path) -> str:
+    """What to expect of a load that compiles: where the op has no build yet, say so."""
+    from deepspeed.git_version_info import installed_ops
+
+    if installed_ops.get(builder.name) or (directory / builder.name / f"{builder.name}.so").exists():
+        return ""
+    return ", not built yet: a minute or two of compiling on 2 cores, seconds with ccache"
+
+
+def duration_text(seconds: float) -> str:
+    """``0.4 s``, ``64 s``, ``3 min 19 s``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+@dataclass(frozen=True)
+class CompilerCache:
+    """The compiler cache torch's JIT compiles through: ccache where it is on PATH (torch looks
+    there: ``cpp_extension._wrap_compiler``), unless TORCH_NO_COMPILER_WRAPPER is set."""
+
+    command: str | None
+
+    @classmethod
+    def find(cls) -> CompilerCache:
+        if os.environ.get("TORCH_NO_COMPILER_WRAPPER"):
+            return cls(None)
+        return cls(shutil.which("ccache"))
+
+    @property
+    def description(self) -> str:
+        if self.command is None:
+            return "no ccache: every source is compiled; with ccache a build in another checkout takes seconds"
+        return f"through {self.command}"
+
+    def counts(self) -> dict[str, int]:
+        """ccache's counters (hits and misses), or nothing where it cannot say (no ccache, one
+        too old for ``--print-stats``)."""
+        if self.command is None:
+            return {}
+        try:
+            done = subprocess.run(
+                [self.command, "--print-stats"], capture_output=True, text=True, timeout=30, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        counts = {}
+        for line in done.stdout.splitlines():
+            name, _, value = line.partition("\t")
+            if value.strip().isdigit():
+                counts[name] = int(value)
+        return counts
+
+
+@dataclass(frozen=True)
+class OpBuild:
+    """One op loaded by ``build_ops``: how long it took and how it was had."""
+
+    seconds: float
+    how: str  # "compiled", "from ccache", "already built", "built into DeepSpeed", ...
+
+    @classmethod
+    def of(cls, builder: Any, *, directory: Path, compiler_cache: CompilerCache) -> OpBuild:
+        from deepspeed.git_version_info import installed_ops
+
+        if installed_ops.get(builder.name):
+            started = time.monotonic()
+            builder.load()
+            return cls(time.monotonic() - started, "built into DeepSpeed")
+        outputs = directory / builder.name
+        before, counts = _build_outputs(outputs), compiler_cache.counts()
+        started = time.monotonic()
+        builder.load()
+        seconds = time.monotonic() - started
+        changed = {path for path, stamp in _build_outputs(outputs).items() if before.get(path) != stamp}
+        compiled = sum(1 for path in changed if path.endswith(".o"))
+        if not changed:
+            return cls(seconds, "already built")
+        return cls(seconds, _compiled_how(compiled, counts, compiler_cache.counts()))
+
+
+def _build_outputs(directory: Path) -> dict[str, int]:
+    """The objects and libraries of one op's JIT build, by when they were last written."""
+    stamps = {}
+    for path in (*directory.glob("*.o"), *directory.glob("*.so")):
+        with contextlib.suppress(FileNotFoundError):
+            stamps[path.name] = path.stat().st_mtime_ns
+    return stamps
+
+
+def _compiled_how(sources: int, before: dict[str, int], after: dict[str, int]) -> str:
+    """How an op's ``sources`` compiled objects were had: from ccache's counters around it,
+    where there are any (other compiles on the host at the same time count too)."""
+    if not sources:
+        return "linked again"
+    hits = sum(after.get(k, 0) - before.get(k, 0) for k in ("direct_cache_hit", "preprocessed_cache_hit"))
+    if not after or hits <= 0:
+        return f"compiled, {sources} source{'s' if sources > 1 else ''}"
+    if hits >= sources:
+        return "from ccache"
+    return f"{hits} of {sources} sources from ccache, the others compiled"
 
 
 def preload_ops() -> list[str]:
@@ -253,4 +391,4 @@ def preload_ops() -> list[str]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logger.info("DeepSpeed ops ready: %s", ", ".join(build_ops()) or "none")
+    build_ops()

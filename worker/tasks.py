@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import signal
 import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, ClassVar
 
 import psutil
 from celery import Task
+from celery.exceptions import SecurityWarning
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
 
@@ -55,6 +58,13 @@ _worker_id = f"{socket.gethostname()}:{os.getpid()}"
 # Set when the worker starts shutting down; pool children forked after it inherit it, and a pool
 # child sets its own when a SIGTERM reaches it (_note_stop).
 _stopping = threading.Event()
+# The worker's main process writes 1 here when it starts shutting down, before it signals its
+# pool child: anonymous shared memory, mapped before the pool forks, so that a pool child reads
+# what the main process wrote since (``_stopping`` is each process's own).
+_main_process_stopping = mmap.mmap(-1, 1)
+# How long a pool child that handed its job back waits to see the main process stopping: a
+# SIGTERM to the whole process group reaches both at once.
+MAIN_PROCESS_STOP_WAIT_SECONDS = 2.0
 
 
 def _heartbeat(stop: threading.Event) -> None:
@@ -145,6 +155,7 @@ def _exit_by_deadline() -> None:
 
 @worker_shutting_down.connect
 def _on_shutting_down(**_kwargs: Any) -> None:
+    _main_process_stopping[0] = 1
     if not _stopping.is_set():
         threading.Thread(target=_exit_by_deadline, name="stop-deadline", daemon=True).start()
         # Celery's warm shutdown waits for the running task, which is hours of training: the
@@ -215,10 +226,25 @@ def prepare_worker() -> list[str]:
     size's, and its own (the nodes of multi-node jobs placed on it)."""
     init_db()
     remove_stale_buffers()  # those of jobs whose worker was killed before it could remove them
+    ignore_root_warning_for_json()
     queues = [size_queue(get_settings(), current_hardware().device_count), node_queue(get_settings(), _worker_id)]
     for queue in queues:
         declare_embedded_queue(queue)
     return queues
+
+
+def ignore_root_warning_for_json() -> None:
+    """Celery warns at every start as root (``SecurityWarning: You're running the worker with
+    superuser privileges: this is absolutely not recommended!``, eight lines), whatever the
+    worker accepts. The danger it names is a message that unpickles into code run as root; and
+    for that case Celery refuses to start unless C_FORCE_ROOT is set, which is the setting it
+    documents for root. tuneq's workers accept JSON alone (shared.queue.make_celery), for which
+    C_FORCE_ROOT changes nothing and the warning only says what a root shell (a container, a
+    VM, ``tuneq dev``) already knows, so it is not shown. Were pickle ever accepted, it would be
+    again (and Celery would refuse root)."""
+    accepted = {str(content) for content in celery_app.conf.accept_content or ()}
+    if not accepted & {"pickle", "application/x-python-serialize", "application/group-python-serialize"}:
+        warnings.filterwarnings("ignore", message="You're running the worker with superuser", category=SecurityWarning)
 
 
 class JobTask(Task):
@@ -284,8 +310,29 @@ def _while_busy(run: Callable[[Launcher], None]) -> None:
         set_worker_idle(session=session, worker_id=_worker_id, idle=False)
     try:
         run(JobTask.process_launcher())  # made here when outside a pool process (Celery's solo pool)
+    except SystemExit as stop:
+        # The runner hands the job back on a SIGTERM and exits. On a stop of the worker, the
+        # task ends here instead, as any task does, and Celery stops this process with the
+        # pool: a SystemExit out of a task is, to Celery, its pool process dying under it
+        # (`ERROR ... WorkerLostError('Worker exited prematurely: exitcode 0.')` and a
+        # traceback). A SIGTERM that reached this pool process alone still ends it, and Celery
+        # starts another in its place.
+        if stop.code not in (0, None) or not _worker_is_stopping():
+            raise
+        logger.info("worker %s: the job was handed back; the pool process stops with the worker", _worker_id)
     finally:
         _idle_again()
+
+
+def _worker_is_stopping() -> bool:
+    """Whether the worker's main process is shutting down (or does within
+    MAIN_PROCESS_STOP_WAIT_SECONDS)."""
+    deadline = time.monotonic() + MAIN_PROCESS_STOP_WAIT_SECONDS
+    while not _main_process_stopping[0]:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _idle_again() -> None:

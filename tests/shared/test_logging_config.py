@@ -66,3 +66,19 @@ def test_a_bad_setting_names_the_variable_without_a_traceback(tmp_path: Path) ->
     assert result.returncode == 2
     assert "TUNEQ_LOG_FORMAT='yaml'" in result.stderr and "'text' or 'json'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_deepspeeds_guess_that_this_host_has_no_gpu_is_not_logged_and_its_other_warnings_are() -> None:
+    """Every tuneq process that imports DeepSpeed on a host without GPUs (the API checking a
+    config, the demo saving its model through transformers) printed `[WARNING] ... Setting
+    accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.`"""
+    probe = (
+        "import logging; from shared.logging_config import configure_logging; from shared.settings import Settings; "
+        "configure_logging(Settings()); import deepspeed; from deepspeed.accelerator import get_accelerator; "
+        "get_accelerator(); logging.getLogger('DeepSpeed').warning('another warning')"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "Setting accelerator" not in output and "another warning" in output, output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from worker.deepspeed_ops import OPS, AbandonedBuildLocks
 
 PROBE = """
 import json
+import re
 import cpuinfo
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from deepspeed.ops.op_builder.builder import OpBuilder
@@ -191,3 +193,82 @@ def test_an_op_compiled_for_one_virtual_environment_is_a_ccache_hit_in_the_next(
         plain.pop(setting, None)
     third = _compile_as_torch_does(tmp_path / "third-checkout" / ".venv", plain)
     assert third["direct_cache_hit"] == 1, "still the second checkout's one hit"
+
+
+SKIPPING_PROBE = """
+from deepspeed.accelerator import get_accelerator
+from worker.deepspeed_ops import build_ops
+import logging
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+accelerator = get_accelerator()
+has = accelerator.create_op_builder
+accelerator.create_op_builder = lambda name: None if name == "FusedAdamBuilder" else has(name)
+print(build_ops())
+"""
+
+
+def test_build_ops_says_each_op_it_builds_with_its_time_and_each_it_skips() -> None:
+    """`make install` ran `tuneq build-ops` for minutes without a line (three ops compiled one
+    after the other, a minute or more each on 2 cores): now each op says when it starts, how
+    long it took and how it was had (compiled, from ccache, already built), and an op this
+    host's accelerator has not (the shared-memory all-reduce on a GPU host) is said skipped."""
+    env = launcher.rank_environment(Hardware("cpu", 1), num_ranks=1, worker_pid=os.getpid())
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.deepspeed_ops"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("DeepSpeed's ops for the cpu accelerator, into ")
+    for name in ("cpu_adam", "fused_adam", "deepspeed_shm_comm"):
+        start = re.compile(rf"{name} \(.+\): started(, not built yet|$)")
+        started = next(i for i, line in enumerate(lines) if start.match(line))
+        assert re.fullmatch(
+            rf"{name}: done in [\d.]+ s \((already built|from ccache|compiled, 2 sources)\)", lines[started + 1]
+        )
+    assert lines[-1].startswith("DeepSpeed's ops ready in ") and lines[-1].endswith(
+        ": cpu_adam, fused_adam, deepspeed_shm_comm"
+    )
+    skipping = subprocess.run(
+        [sys.executable, "-c", SKIPPING_PROBE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert skipping.returncode == 0, skipping.stderr[-3000:]
+    assert (
+        "FusedAdamBuilder (fused Adam, for Adam and AdamW not offloaded): skipped, the cpu accelerator has no such op"
+        in skipping.stderr
+    )
+    assert skipping.stdout.strip() == "['CPUAdamBuilder', 'ShareMemCommBuilder']"
+
+
+class WritingBuilder:
+    """An op builder whose load writes its build's objects, as torch's JIT does when it compiles."""
+
+    name = "tiny_op"
+
+    def __init__(self, directory: Path, *, compiles: int) -> None:
+        self.directory, self.compiles = directory / self.name, compiles
+
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for n in range(self.compiles):
+            (self.directory / f"source{n}.o").write_bytes(os.urandom(8))
+        if self.compiles:
+            (self.directory / f"{self.name}.so").write_bytes(os.urandom(8))
+
+
+def test_an_op_build_says_whether_it_compiled_took_from_ccache_or_was_built_already(tmp_path: Path) -> None:
+    from worker.deepspeed_ops import CompilerCache, OpBuild, _compiled_how
+
+    no_ccache = CompilerCache(None)
+    assert OpBuild.of(WritingBuilder(tmp_path, compiles=2), directory=tmp_path, compiler_cache=no_ccache).how == (
+        "compiled, 2 sources"
+    )
+    assert OpBuild.of(WritingBuilder(tmp_path, compiles=0), directory=tmp_path, compiler_cache=no_ccache).how == (
+        "already built"
+    )
+    # ccache's counters before and after the op's compiles (`ccache --print-stats`).
+    before = {"direct_cache_hit": 4, "preprocessed_cache_hit": 1, "cache_miss": 7}
+    assert _compiled_how(2, before, {**before, "direct_cache_hit": 6}) == "from ccache"
+    assert _compiled_how(2, before, {**before, "preprocessed_cache_hit": 2, "cache_miss": 8}) == (
+        "1 of 2 sources from ccache, the others compiled"
+    )
+    assert _compiled_how(2, before, {**before, "cache_miss": 9}) == "compiled, 2 sources"

@@ -294,10 +294,10 @@ def test_a_stopped_worker_does_not_make_its_queues_waiting_jobs_look_lost(
     with session() as s:
         for worker_id in ("stopping", "busy"):
             register_worker(
-                session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu"
+                session=s, worker_id=worker_id, hostname="h", accelerator="cpu", device_count=1, queue="tq-1dev"
             )
         set_worker_idle(session=s, worker_id="busy", idle=False)
-        mark_published(session=s, job_id=waiting.id, queue="tq-1gpu")
+        mark_published(session=s, job_id=waiting.id, queue="tq-1dev")
         soon, long_ago = utcnow() + timedelta(seconds=1), utcnow() - timedelta(days=1)
         stop_worker(session=s, worker_id="stopping")
         assert unpublished_jobs(session=s, older_than=soon, live_since=long_ago) == []  # it waits for "busy"
@@ -306,8 +306,8 @@ def test_a_stopped_worker_does_not_make_its_queues_waiting_jobs_look_lost(
         assert route_job(session=s, settings=settings, num_gpus=1) is None
         assert [j.id for j in unpublished_jobs(session=s, older_than=soon, live_since=long_ago)] == [waiting.id]
         # A stopped worker that starts again is live again.
-        register_worker(session=s, worker_id="busy", hostname="h", accelerator="cpu", device_count=1, queue="tq-1gpu")
-        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-1gpu"
+        register_worker(session=s, worker_id="busy", hostname="h", accelerator="cpu", device_count=1, queue="tq-1dev")
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-1dev"
 
 
 def test_workers_not_seen_for_long_are_forgotten(database_url: str) -> None:
@@ -330,15 +330,15 @@ def test_a_job_goes_to_the_smallest_live_worker_size_that_fits(
         assert route_job(session=s, settings=settings, num_gpus=1) is None  # no worker yet: wait for one
         for worker_id, n in (("w2", 2), ("w8", 8)):
             register_worker(
-                session=s, worker_id=worker_id, hostname="h", accelerator="cuda", device_count=n, queue=f"tq-{n}gpu"
+                session=s, worker_id=worker_id, hostname="h", accelerator="cuda", device_count=n, queue=f"tq-{n}dev"
             )
-        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-2gpu"
-        assert route_job(session=s, settings=settings, num_gpus=2) == "tq-2gpu"
-        assert route_job(session=s, settings=settings, num_gpus=3) == "tq-8gpu"
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-2dev"
+        assert route_job(session=s, settings=settings, num_gpus=2) == "tq-2dev"
+        assert route_job(session=s, settings=settings, num_gpus=3) == "tq-8dev"
         assert route_job(session=s, settings=settings, num_gpus=9) is None
         s.execute(update(Worker).where(col(Worker.id) == "w2").values(last_seen_at=utcnow() - timedelta(days=1)))
         s.commit()
-        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-8gpu"  # the 2-GPU host is gone
+        assert route_job(session=s, settings=settings, num_gpus=1) == "tq-8dev"  # the 2-GPU host is gone
 
 
 def test_a_dropped_delivery_is_published_again(database_url: str) -> None:
