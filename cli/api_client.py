@@ -5,7 +5,7 @@
 the server and ``TUNEQ_API_KEY``, when set, is sent as ``Authorization: Bearer <key>``. These
 are client settings, read here, not the server's ``Settings``.
 
-Exit codes (README, "Command line client"), which each error carries: 0 success (``--follow``:
+Exit codes (docs/dashboard-and-cli.md), which each error carries: 0 success (``--follow``:
 the job succeeded), 1 the job failed or a download was not possible, 2 bad usage, 3 the job was
 cancelled, 4 the API refused the request, 5 the server could not be reached, 130 interrupted.
 """

@@ -1,7 +1,7 @@
 """The client commands of ``tuneq``: ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``,
 ``pause``, ``resume``, ``download``, registered on the ``tuneq`` app by ``register(app)``.
 
-A thin layer over the HTTP API (README, "The HTTP API") through ``cli.api_client``; following
+A thin layer over the HTTP API (docs/api.md) through ``cli.api_client``; following
 a job and a download's progress bar are ``cli.live``'s, the download itself ``cli.downloads``'.
 Every command that takes a job's ID takes its short id too (its first characters, as the
 dashboard and ``tuneq jobs`` show them) when that starts one job's id only. Exit codes:

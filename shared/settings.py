@@ -124,6 +124,7 @@ class Settings(BaseSettings):
     # (checkpoints and exports are written there): it says why in its log, in its `workers`
     # row and on /metrics, and takes jobs again once space is back. 0: never check.
     min_free_disk_mb: int = Field(default=2048, ge=0)
+    # Log level of `tuneq serve`, `worker` and `dev` (`DEBUG` ... `CRITICAL`, any case).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # Where checkpoints, exported models, adapters and training logs live (shared.artifacts):
     # "s3://bucket/prefix" on any S3 store (TUNEQ_S3_ENDPOINT_URL, credentials from the AWS
@@ -134,6 +135,7 @@ class Settings(BaseSettings):
     # presigned for artifacts_presign_seconds. Off: the API streams the file (clients often
     # cannot reach the store).
     artifacts_presign: bool = False
+    # How long a presigned download URL is valid (at most 604800, 7 days).
     artifacts_presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
     # The longest store outage a worker rides out, retrying uploads (mid-run the ranks go on up
     # to their next save); past it the job fails with artifact_store_unavailable, its local
@@ -152,10 +154,11 @@ class Settings(BaseSettings):
     # still shows life. The bound on noticing a frozen or lost node is this plus a lease renewal.
     rank_stall_seconds: float = Field(default=30.0, gt=0)
     # The network interface NCCL and gloo use between nodes (NCCL_SOCKET_IFNAME,
-    # GLOO_SOCKET_IFNAME); empty: their own choice. DeepSpeed's collective timeout, in minutes
-    # (its default, 30: a long save on one rank keeps the others waiting in a barrier; a
-    # stopped rank is caught by rank_stall_seconds long before).
+    # GLOO_SOCKET_IFNAME); empty: their own choice.
     socket_ifname: str = ""
+    # DeepSpeed's collective timeout, in minutes (`deepspeed.init_distributed(timeout=...)`; its
+    # default, 30: a long save on one rank keeps the others waiting in a barrier; a stopped rank
+    # is caught by TUNEQ_RANK_STALL_SECONDS long before).
     dist_timeout_minutes: int = Field(default=30, ge=1)
 
     @field_validator("log_level", mode="before")

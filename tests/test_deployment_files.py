@@ -196,12 +196,12 @@ def settings_from(environment: dict[str, str]) -> Settings:
     return Settings.model_validate(fields)
 
 
-def test_compose_has_the_services_the_readme_names(services: dict[str, Any]) -> None:
+def test_compose_has_the_services_the_docs_name(services: dict[str, Any]) -> None:
     assert services.keys() == SERVICES
-    readme = (ROOT / "README.md").read_text()
-    deploying = readme.split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
+    guide = (ROOT / "docs" / "deploying.md").read_text()
+    compose = guide.split("\n## One host: Docker Compose\n", 1)[1].split("\n## ", 1)[0]
     for name in SERVICES:
-        assert f"`{name}`" in deploying, f"README's Deploying section does not name the {name} service"
+        assert f"`{name}`" in compose, f"docs/deploying.md's Docker Compose section does not name the {name} service"
 
 
 def test_the_tuneq_processes_get_every_setting_and_reach_the_compose_services(

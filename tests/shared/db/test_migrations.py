@@ -119,7 +119,7 @@ def test_upgrade_head_matches_the_models(engine: Engine) -> None:
     command.upgrade(config, "head")
     assert table_names(engine) >= TABLES
     assert revisions(engine) == head_revisions()
-    assert schema_differences(engine) == [], "models.py changed without a migration: see ARCHITECTURE.md"
+    assert schema_differences(engine) == [], "models.py changed without a migration: see docs/development.md"
 
     command.downgrade(config, "base")
     assert table_names(engine) <= {"alembic_version"}
