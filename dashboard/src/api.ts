@@ -7,9 +7,23 @@ export class ApiError extends Error {
   constructor(
     readonly status: number,
     message: string,
+    readonly detail: unknown = null, // the body's `detail` as sent: a 422's list of {loc, msg}
   ) {
     super(message);
   }
+}
+
+/** One problem of a 422 (FastAPI's and tuneq's shape): where in the body, and what to fix. */
+export interface FieldProblem {
+  loc: (string | number)[];
+  msg: string;
+}
+
+export function fieldProblems(error: unknown): FieldProblem[] {
+  if (!(error instanceof ApiError) || !Array.isArray(error.detail)) return [];
+  return (error.detail as unknown[]).filter(
+    (p): p is FieldProblem => typeof p === "object" && p !== null && Array.isArray((p as FieldProblem).loc),
+  );
 }
 
 type Listener = () => void;
@@ -37,14 +51,18 @@ export function authHeaders(): Record<string, string> {
 
 async function errorOf(response: Response): Promise<ApiError> {
   let message = response.statusText;
+  let detail: unknown = null;
   try {
-    const detail = ((await response.json()) as { detail?: unknown }).detail;
-    message = typeof detail === "string" ? detail : JSON.stringify(detail);
+    // tuneq's routes answer {detail}; /v1's OpenAI's envelope, {error: {message}}.
+    const body = (await response.json()) as { detail?: unknown; error?: { message?: unknown } };
+    detail = body.detail ?? null;
+    if (typeof body.error?.message === "string") message = body.error.message;
+    else message = typeof detail === "string" ? detail : JSON.stringify(detail);
   } catch {
     // not JSON: keep the status text
   }
   if (response.status === 401) unauthorizedListeners.forEach((listener) => listener());
-  return new ApiError(response.status, message);
+  return new ApiError(response.status, message, detail);
 }
 
 export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {

@@ -9,6 +9,7 @@ import type { Metric } from "./types";
 export interface SeriesSpec {
   key: string; // the metric's name as GET /jobs/<id>/metrics answers it (TRL's for DPO: rewards/chosen)
   label: string;
+  color?: string; // default: the chart's palette, by the series' place
 }
 
 const COLORS = ["#1e88e5", "#e53935", "#43a047", "#fb8c00", "#8e24aa"];
@@ -56,7 +57,7 @@ function options(series: SeriesSpec[], width: number, log: boolean, onZoom: () =
       { label: "step", value: (_u, v) => (v === null || v === undefined ? "–" : String(v)) },
       ...series.map((s, i) => ({
         label: s.label,
-        stroke: COLORS[i % COLORS.length],
+        stroke: s.color ?? COLORS[i % COLORS.length],
         width: 1.5,
         spanGaps: true, // an eval measure is reported every few steps only
         value: (_u: uPlot, v: number | null) => num(v),

@@ -1,10 +1,11 @@
 // The jobs list: filtered, sorted and paged by the server (GET /jobs), with its state in the URL.
+// Rows can be ticked (across pages and filters) and compared (#/compare).
 
 import { useEffect, useState } from "preact/hooks";
 import { api, isQuiet, message } from "./api";
 import { CopyId } from "./copy-id";
 import { age, duration, gpus, hyperparameters, num, progressShare, progressText } from "./format";
-import { jobHash, jobsHash } from "./route";
+import { compareHash, jobHash, jobsHash } from "./route";
 import { type Job, type JobsPage, STATUSES } from "./types";
 
 const PAGE_SIZE = 50;
@@ -110,11 +111,26 @@ function Progress({ job }: { job: Job }) {
   );
 }
 
-function Row({ job, now }: { job: Job; now: number }) {
+interface RowProps {
+  job: Job;
+  now: number;
+  selected: boolean;
+  onSelect: (id: string, on: boolean) => void;
+}
+
+function Row({ job, now, selected, onSelect }: RowProps) {
   const running = job.status === "running";
   const speed = job.latest_metrics?.tokens_per_second;
   return (
     <tr data-job-id={job.id}>
+      <td class="pick">
+        <input
+          type="checkbox"
+          checked={selected}
+          onChange={(e) => onSelect(job.id, e.currentTarget.checked)}
+          aria-label={`Select ${job.name || "unnamed"} (${job.id.slice(0, 8)}) to compare`}
+        />
+      </td>
       <td class="job">
         <a href={jobHash(job.id)}>{job.name || "unnamed"}</a>
         <CopyId id={job.id} />
@@ -148,7 +164,10 @@ function Row({ job, now }: { job: Job; now: number }) {
 export function JobsList({ params }: { params: URLSearchParams }) {
   const [page, setPage] = useState<JobsPage | null>(null);
   const [error, setError] = useState<string | null>(null);
+  const [selected, setSelected] = useState<string[]>([]); // in the order ticked
   const query = apiQuery(params);
+  const select = (id: string, on: boolean) =>
+    setSelected((old) => (on ? [...old.filter((x) => x !== id), id] : old.filter((x) => x !== id)));
 
   useEffect(() => {
     const abort = new AbortController();
@@ -175,6 +194,17 @@ export function JobsList({ params }: { params: URLSearchParams }) {
     <main id="jobs-view">
       <h1>Jobs</h1>
       <Filters params={params} />
+      <div class="compare-bar">
+        <button type="button" id="compare-button" disabled={selected.length < 2} onClick={() => (location.hash = compareHash(selected))}>
+          Compare{selected.length ? ` ${selected.length} jobs` : ""}
+        </button>
+        {selected.length > 0 && (
+          <button type="button" class="small" onClick={() => setSelected([])}>
+            clear
+          </button>
+        )}
+        <span class="muted">{selected.length < 2 ? "Tick two or more jobs to compare their curves." : ""}</span>
+      </div>
       {error && (
         <p class="error" role="alert">
           {error}
@@ -184,6 +214,9 @@ export function JobsList({ params }: { params: URLSearchParams }) {
         <table id="jobs-table">
           <thead>
             <tr>
+              <th scope="col">
+                <span class="visually-hidden">Compare</span>
+              </th>
               <SortHeader params={params} column="name" label="Job" />
               <SortHeader params={params} column="status" label="Status" />
               <th scope="col">Model</th>
@@ -197,7 +230,7 @@ export function JobsList({ params }: { params: URLSearchParams }) {
           </thead>
           <tbody>
             {page?.data.map((job) => (
-              <Row key={job.id} job={job} now={now} />
+              <Row key={job.id} job={job} now={now} selected={selected.includes(job.id)} onSelect={select} />
             ))}
           </tbody>
         </table>

@@ -1,4 +1,5 @@
-// tuneq's dashboard: the jobs list and a page per job, chosen by the URL's hash (route.ts).
+// tuneq's dashboard: the jobs list, a page per job, a comparison of jobs, the workers and queues,
+// and a form for a new job, chosen by the URL's hash (route.ts).
 // Every call goes to the same HTTP API any client uses; no CDN, so it works offline.
 
 import "uplot/dist/uPlot.min.css";
@@ -6,9 +7,14 @@ import "./app.css";
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { onUnauthorized, storedKey, storeKey } from "./api";
+import { Compare } from "./compare";
 import { JobPage } from "./job-page";
 import { JobsList } from "./jobs-list";
 import { parseHash, type Route } from "./route";
+import { SubmitView } from "./submit";
+import { WorkersView } from "./workers";
+
+const TITLES = { jobs: "jobs", compare: "compare", workers: "workers and queues", submit: "new job" } as const;
 
 function KeyForm({ onSaved }: { onSaved: () => void }) {
   const [key, setKey] = useState(storedKey() ?? "");
@@ -26,6 +32,21 @@ function KeyForm({ onSaved }: { onSaved: () => void }) {
   );
 }
 
+function View({ route, attempt }: { route: Route; attempt: number }) {
+  switch (route.view) {
+    case "job":
+      return <JobPage key={`${route.id}/${attempt}`} id={route.id} />;
+    case "compare":
+      return <Compare key={`${route.ids.join(",")}/${attempt}`} ids={route.ids} />;
+    case "workers":
+      return <WorkersView key={attempt} />;
+    case "submit":
+      return <SubmitView key={attempt} />;
+    default:
+      return <JobsList key={attempt} params={route.params} />;
+  }
+}
+
 function App() {
   const [route, setRoute] = useState<Route>(parseHash(location.hash));
   const [needsKey, setNeedsKey] = useState(false);
@@ -40,7 +61,7 @@ function App() {
     };
   }, []);
   useEffect(() => {
-    document.title = route.view === "job" ? `tuneq · job ${route.id.slice(0, 8)}` : "tuneq · jobs";
+    document.title = route.view === "job" ? `tuneq · job ${route.id.slice(0, 8)}` : `tuneq · ${TITLES[route.view]}`;
   }, [route]);
   return (
     <>
@@ -51,6 +72,12 @@ function App() {
         <nav aria-label="Views">
           <a href="#/jobs" aria-current={route.view === "jobs" ? "page" : undefined}>
             Jobs
+          </a>
+          <a href="#/workers" aria-current={route.view === "workers" ? "page" : undefined}>
+            Workers
+          </a>
+          <a href="#/submit" aria-current={route.view === "submit" ? "page" : undefined}>
+            New job
           </a>
           <a href="/docs">API</a>
         </nav>
@@ -63,11 +90,7 @@ function App() {
           }}
         />
       )}
-      {route.view === "job" ? (
-        <JobPage key={`${route.id}/${attempt}`} id={route.id} />
-      ) : (
-        <JobsList key={attempt} params={route.params} />
-      )}
+      <View route={route} attempt={attempt} />
     </>
   );
 }

@@ -77,3 +77,47 @@ export interface Artifact {
   sha256: string;
   created_at: string;
 }
+
+// GET /workers and GET /queues (api/workers_service.py).
+export interface WorkerInfo {
+  id: string;
+  hostname: string;
+  accelerator: string;
+  device_count: number;
+  device_memory_bytes: number | null;
+  bf16_supported: boolean | null;
+  queue: string | null;
+  state: "idle" | "busy" | "unavailable" | "stopped";
+  unavailable_reason: string | null;
+  job_id: string | null; // only for the caller's own job
+  held_for_gang: boolean;
+  started_at: string;
+  last_seen_at: string;
+  stopped_at: string | null;
+}
+
+export interface Workers {
+  data: WorkerInfo[];
+  seen_seconds: number;
+}
+
+export interface Queues {
+  data: { name: string | null; queued: number; oldest_wait_seconds: number | null; workers: number }[];
+  gangs: { job_id: string | null; num_nodes: number; num_gpus: number; held_workers: number; wait_seconds: number }[];
+}
+
+// POST /jobs/plan (shared/jobs/plan.py JobPlan), the parts the submit form shows.
+export interface JobPlan {
+  world_size: number;
+  resolved_deepspeed_config: Record<string, unknown>;
+  deepspeed_config_chosen: boolean;
+  train_batch_size: number;
+  micro_batch_per_gpu: number;
+  gradient_accumulation_steps: number;
+  dataset_stats: Record<string, unknown>;
+  steps_per_epoch: number;
+  total_steps: number;
+  parameters: number;
+  trainable_parameters: number;
+  memory: { zero_stage: number; offload_optimizer: boolean; offload_param: boolean; per_device_bytes: number; per_host_cpu_bytes: number; method: string; note: string };
+}

@@ -1,8 +1,9 @@
 """The web dashboard in a real headless Chromium against a real ``tuneq dev`` training a job.
 
 Debian's ``chromium`` package, driven by Playwright with ``executable_path`` (no browser
-download). Each view is checked at desktop width in light mode and at 390 px in dark mode, with
-axe-core (no serious or critical violation) and no console error; screenshots are written under
+download). Each view is checked at desktop width in light mode and at 390 px in dark mode (the
+compare, workers and submit views in all four), with axe-core (no serious or critical violation)
+and no console error; screenshots are written under
 ``$TUNEQ_TEST_ARTIFACTS`` (default ``tests/artifacts/``, which git ignores) for a developer to open.
 One service serves all of the first test's checks: starting it and training is the slow part.
 """
@@ -34,6 +35,8 @@ DASHBOARD_SOURCES = Path(__file__).resolve().parents[2] / "dashboard"
 TIMEOUT_MS = 180_000  # the first steps wait for DeepSpeed to start its ranks
 DESKTOP = {"viewport": {"width": 1280, "height": 900}, "color_scheme": "light"}
 PHONE = {"viewport": {"width": 390, "height": 844}, "color_scheme": "dark", "is_mobile": True, "has_touch": True}
+DESKTOP_DARK = {**DESKTOP, "color_scheme": "dark"}
+PHONE_LIGHT = {**PHONE, "color_scheme": "light"}
 
 
 @pytest.fixture
@@ -73,6 +76,7 @@ class Watched:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.expected_404: set[str] = set()
+        self.expected_422: set[str] = set()  # paths a test sends a refused body to on purpose
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("console", self._console)
         self.page.on("request", lambda r: self.requests.append(r.url))
@@ -82,6 +86,8 @@ class Watched:
             return
         url = message.location.get("url", "")
         if "404" in message.text and any(part in url for part in self.expected_404):
+            return
+        if "422" in message.text and any(url.endswith(path) for path in self.expected_422):
             return
         self.errors.append(f"console: {message.text} ({url})")
 
@@ -157,6 +163,114 @@ def check_job_page(watched: Watched, job: dict[str, Any], axe_source: str, name:
     screenshot(page, f"job-{name}")
 
 
+def submit_through_form(watched: Watched, model: Path, dataset: Path, axe_source: str) -> str:
+    """Fills the submit form: an upload, a refused plan whose problem shows beside its field, a
+    plan, then Submit, which opens the new job's page. The new job's id."""
+    page = watched.open("#/submit")
+    page.locator(f'#base-models option[value="{model}"]').wait_for(state="attached")  # offered base models
+    page.fill("#submit-model", str(model))
+    chat = dataset.with_name("chat.jsonl")
+    chat.write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello"}]}
+            )
+            + "\n"
+            for i in range(8)
+        )
+    )
+    page.set_input_files("#submit-upload", str(chat))  # POST /v1/files: the dataset is the file's id
+    page.wait_for_function("document.querySelector('#submit-dataset').value.startsWith('file-')")
+    page.fill("#submit-dataset", str(dataset))
+    page.fill("#submit-name", "dashboard-form")
+    page.fill("#submit-max-steps", "three")
+    page.fill("#submit-max-seq-length", "48")
+    page.fill("#submit-deepspeed", json.dumps(seed_config(fp16=False, lr=3e-4)))
+    watched.expected_422.add("/jobs/plan")
+    page.click("#plan-button")  # the 422's problem is beside the field its loc names
+    page.locator("#submit-max-steps-error").wait_for()
+    assert "integer" in page.inner_text("#submit-max-steps-error")
+    assert page.get_attribute("#submit-max-steps", "aria-invalid") == "true" and page.is_disabled("#submit-button")
+    check_accessible(page, axe_source, "submit form with a problem")
+    screenshot(page, "submit-refused-desktop-light")
+    page.fill("#submit-max-steps", "3")
+    page.click("#plan-button")
+    page.locator("#plan").wait_for()
+    assert "3 (" in page.inner_text("#plan .facts") and '"optimizer"' in page.inner_text("#plan pre")
+    assert page.locator("#submit-max-steps-error").count() == 0
+    screenshot(page, "submit-planned-desktop-light")
+    page.click("#submit-button")
+    page.wait_for_url("**/#/jobs/*")
+    page.wait_for_function("document.querySelector('#job-title')?.textContent === 'dashboard-form'")
+    return page.url.rpartition("/")[2]
+
+
+def pick_and_compare(watched: Watched, ids: list[str]) -> None:
+    """Ticks the jobs in the list and presses Compare: the comparison's URL names them."""
+    page = watched.open("#/jobs")
+    for job_id in ids:
+        page.locator(f'#jobs-table tr[data-job-id="{job_id}"] td.pick input').check()
+    page.click("#compare-button")
+    page.wait_for_url(f"**/#/compare?jobs={','.join(ids)}")
+
+
+def check_compare(watched: Watched, ids: list[str], axe_source: str, name: str) -> None:
+    page = watched.open(f"#/compare?jobs={','.join(ids)}")
+    page.wait_for_function(f"document.querySelectorAll('#compare-legend li').length === {len(ids)}")
+    page.wait_for_function("Number(document.querySelector('#compare-loss')?.dataset.points) >= 2")
+    for chart in ("compare-eval-loss", "compare-lr", "compare-speed"):
+        assert page.locator(f"#{chart}").count() == 1, chart
+    assert page.locator("#compare-rewards-margins").count() == 0  # SFT jobs: no DPO rewards
+    settings = page.locator("#compare-table tbody th").all_inner_texts()
+    assert settings[0] == "model" and "training.max_steps" in settings and "deepspeed.optimizer.params.lr" in settings
+    assert "training.max_seq_length" not in settings  # the same in both: not shown
+    check_accessible(page, axe_source, f"compare, {name}")
+    assert fits_width(page), f"compare overflows at {name}"
+    screenshot(page, f"compare-{name}")
+
+
+def check_workers(watched: Watched, job: dict[str, Any], axe_source: str, name: str) -> None:
+    """The service's worker runs the caller's job: busy, with the job's id; the queued job counts."""
+    page = watched.open("#/workers")
+    row = page.locator(f'#workers-table tr:has(a[href="#/jobs/{job["id"]}"])')
+    row.wait_for()
+    assert row.locator(".worker-state").inner_text() == "busy" and "ago" in row.locator("td.heartbeat").inner_text()
+    page.wait_for_function(
+        "[...document.querySelectorAll('#queues-table td.queued')].some((td) => td.textContent !== '0')"
+    )
+    assert page.locator("#gangs-empty").count() == 1
+    check_accessible(page, axe_source, f"workers, {name}")
+    assert fits_width(page), f"workers overflow at {name}"
+    screenshot(page, f"workers-{name}")
+
+
+def check_submit_page(watched: Watched, axe_source: str, name: str) -> None:
+    page = watched.open("#/submit")
+    page.locator("#base-models option").first.wait_for(state="attached")
+    check_accessible(page, axe_source, f"submit, {name}")
+    assert fits_width(page), f"submit overflows at {name}"
+    screenshot(page, f"submit-{name}")
+
+
+def check_new_views(chromium: Any, base: str, ids: list[str], job: dict[str, Any], axe_source: str) -> None:
+    """Compare, workers and submit at desktop and at 390 px, in light and in dark mode."""
+    looks: list[tuple[dict[str, Any], str]] = [
+        (DESKTOP, "desktop-light"),
+        (DESKTOP_DARK, "desktop-dark"),
+        (PHONE, "390px-dark"),
+        (PHONE_LIGHT, "390px-light"),
+    ]
+    for options, name in looks:
+        watched = Watched(chromium, options, base)
+        try:
+            check_compare(watched, ids, axe_source, name)
+            check_workers(watched, job, axe_source, name)
+            check_submit_page(watched, axe_source, name)
+            assert watched.errors == [], json.dumps(watched.errors, indent=1)
+        finally:
+            watched.close()
+
+
 def test_dashboard_lists_shows_controls_and_forgets_a_job(
     chromium: Any, axe_source: str, tuneq_home: Path, tiny_model: Path, text_dataset: Path
 ) -> None:
@@ -212,6 +326,13 @@ def test_dashboard_lists_shows_controls_and_forgets_a_job(
         check_jobs_list(phone, job, axe_source, "390px-dark")
         check_job_page(desktop, job, axe_source, "desktop-light")
         check_job_page(phone, job, axe_source, "390px-dark")
+
+        # A second job through the submit form (it waits in the queue behind the first), both
+        # ticked in the list and compared; the workers view shows the first running.
+        second = submit_through_form(desktop, tiny_model, text_dataset, axe_source)
+        pick_and_compare(desktop, [job["id"], second])
+        check_new_views(chromium, base, [job["id"], second], job, axe_source)
+        assert tuneq.client.post(f"/jobs/{second}/cancel").json()["status"] == "cancelled"
 
         # Going from the job to an unknown id: "not found", and every poll and stream of the
         # first job stops (no request for it after the move).
