@@ -121,7 +121,8 @@ def test_submit_follow_show_jobs_logs_download(service: Tuneq, home: Path, workd
     model = AutoModelForCausalLM.from_pretrained(exported, use_safetensors=True)
     assert sum(p.numel() for p in model.parameters()) > 0
     again = tuneq(service, workdir, "download", job_id, "--output", "exported")
-    assert again.returncode == EXIT_FAILED and "already exists" in again.stderr
+    # Run again: every file checked against the server's sizes and SHA-256, nothing fetched.
+    assert again.returncode == 0 and "nothing fetched" in again.stdout, again.stderr
 
     # What the server refuses, and a server that is not there.
     finished = tuneq(service, workdir, "cancel", job_id)
