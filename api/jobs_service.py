@@ -467,8 +467,8 @@ class JobListQuery:
 
 def list_jobs(*, session: Session, owner: str, query: JobListQuery) -> tuple[list[Job], int]:
     """One page of ``owner``'s jobs and how many match in all. The page and the count are index
-    ranges (shared.db.models.Job's indexes) except with ``model`` or ``name``, whose part-of
-    matches read each of the owner's rows (about 60 ms per 100,000 on Postgres)."""
+    ranges (shared.db.models.Job's indexes); ``model`` and ``name`` part-of matches use trigram
+    indexes on Postgres (migration 0023; BENCHMARKS.md, B11a)."""
     conditions: list[Any] = [col(Job.owner) == owner]
     if query.status is not None:
         conditions.append(col(Job.status) == query.status)

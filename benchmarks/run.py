@@ -1,6 +1,6 @@
 """``make bench``: run the benchmarks, write ``benchmarks/results/<date>.json``, print the table.
 
-python -m benchmarks.run [--only B4,B5] [--repeats 5]
+python -m benchmarks.run [--only B4,B5,B11a] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -72,6 +72,18 @@ def _b10(repeats: int) -> list[Result]:
     return b10_dpo.run(repeats)
 
 
+def _b11a(repeats: int) -> list[Result]:
+    from benchmarks import b11_jobs_list
+
+    return b11_jobs_list.run(repeats)
+
+
+def _b11b(repeats: int) -> list[Result]:
+    from benchmarks import b11_followers
+
+    return b11_followers.run(repeats)
+
+
 # One entry per module: the ids it reports, and the function that runs it for N repeats.
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "training": (("B1", "B6"), _b1_b6),
@@ -83,6 +95,8 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[int], list[Result]]]] = {
     "multi_node": (("B8",), _b8),
     "load": (("B9",), _b9),
     "dpo": (("B10",), _b10),
+    "jobs_list": (("B11a",), _b11a),
+    "followers": (("B11b",), _b11b),
 }
 
 
@@ -92,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure; the median is reported (5)")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default results/<date>.json)")
     args = parser.parse_args(argv)
-    wanted = {s.strip().upper() for s in args.only.split(",") if s.strip()}
-    known = {i for ids, _ in BENCHMARKS.values() for i in ids}
+    wanted = {s.strip().upper() for s in args.only.split(",") if s.strip()}  # any case: b11a is B11a
+    known = {i.upper() for ids, _ in BENCHMARKS.values() for i in ids}
     unknown = wanted - known
     if unknown:
         parser.error(f"unknown benchmark ids: {', '.join(sorted(unknown))}")
@@ -101,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be at least 1")
     collected: list[Result] = []
     for ids, function in BENCHMARKS.values():
-        if wanted and not wanted & set(ids):
+        if wanted and not wanted & {i.upper() for i in ids}:
             continue
         try:
             rows = function(args.repeats)
         except Exception as e:  # one broken benchmark still leaves the others' rows
             traceback.print_exc()
             rows = [Result(id=i, title=i, checks=[], error=f"{type(e).__name__}: {e}") for i in ids]
-        collected += [r for r in rows if not wanted or r.id in wanted]
+        collected += [r for r in rows if not wanted or r.id.upper() in wanted]
     path = results.write(collected, repeats=args.repeats, path=args.output)
     results.print_table(collected)
     results.Console().print(f"written: {path}")

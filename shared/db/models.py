@@ -39,6 +39,20 @@ class Job(SQLModel, table=True):
         Index("ix_jobs_owner_created_at", "owner", "created_at"),
         Index("ix_jobs_owner_status_created_at", "owner", "status", "created_at"),
         Index("ix_jobs_owner_name", "owner", "name"),
+        # Its model and name filters, part-of matches (ILIKE '%…%'): trigram indexes on Postgres
+        # (pg_trgm; migration 0023 names the operator class with the extension's schema). SQLite
+        # cannot use an index for them: there each is empty (WHERE false), so the schema is the
+        # same on both and SQLite's writes do not pay for it.
+        *(
+            Index(
+                name,
+                column,
+                postgresql_using="gin",
+                postgresql_ops={column: "gin_trgm_ops"},
+                sqlite_where=false(),
+            )
+            for name, column in (("ix_jobs_model_trgm", "model"), ("ix_jobs_name_trgm", "name"))
+        ),
     )
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
