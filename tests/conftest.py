@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from cli.samples import build_tiny_model, write_text_dataset
 from tests.services import drop_fresh_schemas, fresh_postgres_schema
+from tests.xdist_scheduling import pytest_xdist_make_scheduler as pytest_xdist_make_scheduler
 
 POSTGRES_URL = os.environ.get("TUNEQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # pytest-xdist runs tests in several processes (`make test`): each gets a Redis database of its
