@@ -37,6 +37,11 @@ class DriverInterrupter:
     def arm(self, at: int) -> None:
         self.at, self.seen, self.sent = at, 0, False
 
+    def disarm(self) -> None:
+        """No SIGTERM after the attempt: this process's own handler is back, and a SIGTERM now
+        would end the test process (an attempt that finished before its ``at``-th wait left it armed)."""
+        self.at = None
+
     def wait(self, gen: Generator[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
         self.seen += 1
         if self.seen == self.at:
@@ -86,7 +91,10 @@ def test_a_sigterm_in_the_middle_of_any_database_call_hands_the_job_back_never_f
     at = 1
     while True:
         interrupter.arm(at)
-        handed_back = run_as_a_pool_process(job, warm_launcher)
+        try:
+            handed_back = run_as_a_pool_process(job, warm_launcher)
+        finally:
+            interrupter.disarm()
         with Session(get_engine()) as session:
             seen = session.get(Job, job.id)
         assert seen is not None
