@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,59 +54,6 @@ def loss_curve(metrics: list[dict[str, Any]], *, width: int = 40) -> list[str]:
         for m in metrics
         if m["loss"] is not None
     ]
-
-
-class StepOrderedLines:
-    """A plain follow's lines, printed in the order of the steps they are about.
-
-    A checkpoint's event is recorded once its files are stored (worker.publisher), which can be
-    after the metrics of later steps: the lines of the steps past a checkpoint that is due
-    (``due``: the steps whose checkpoint is expected) wait for its line, so that "checkpoint ...
-    at step 20" never comes after "step 35/40". ``flush`` prints what still waits (the job
-    ended without a checkpoint it was due)."""
-
-    def __init__(self, due: Iterable[int], echo: Callable[[str], None]) -> None:
-        self.due = sorted(set(due))
-        self.echo = echo
-        self.waiting: list[tuple[int, str]] = []  # (step, line), in the order they are printed
-
-    def add(self, step: int, line: str, *, checkpoint: bool = False) -> None:
-        if checkpoint:
-            if step in self.due:
-                self.due.remove(step)
-            # After the lines of its step and those before, ahead of the lines of later steps.
-            at = next((i for i, (s, _) in enumerate(self.waiting) if s > step), len(self.waiting))
-            self.waiting.insert(at, (step, line))
-        else:
-            self.waiting.append((step, line))
-        while self.waiting and not (self.due and self.due[0] < self.waiting[0][0]):
-            self.echo(self.waiting.pop(0)[1])
-
-    def flush(self) -> None:
-        for _, line in self.waiting:
-            self.echo(line)
-        self.waiting.clear()
-
-
-def due_checkpoints(training: dict[str, Any]) -> list[int]:
-    """The steps at which a job of ``training`` saves a checkpoint (every N steps, and its last)."""
-    every, last = training.get("checkpoint_every_steps"), int(training["max_steps"])
-    return sorted({*range(every, last + 1, every), last} if every else {last})
-
-
-def follow_in_step_order(client: TuneqClient, job: dict[str, Any], *, echo: Callable[[str], None]) -> dict[str, Any]:
-    """``follow_job``'s plain lines, in step order (StepOrderedLines); the job as it ended."""
-    state = FollowState.from_job(job)
-    lines = StepOrderedLines(due_checkpoints(DEMO_TRAINING), echo)
-    for event in client.stream_events(str(job["id"])):
-        line = state.apply(event)
-        if event.type == "resumed":
-            lines.flush()
-        if line is not None:
-            step = int(event.data.get("step") or 0) if event.type == "checkpoint" else state.step
-            lines.add(step, line, checkpoint=event.type == "checkpoint")
-    lines.flush()
-    return client.get_ended_job(str(job["id"]))
 
 
 @contextlib.contextmanager
@@ -192,10 +139,7 @@ def run_demo(*, port: int, echo: Callable[[str], None]) -> int:
             return 1
         echo(f"submitted job {job['id']}")
         # A progress bar with the loss on a terminal, a line per event of note otherwise.
-        if sys.stdout.isatty():
-            job = follow_job(client, job, live=True)
-        else:
-            job = follow_in_step_order(client, job, echo=echo)
+        job = follow_job(client, job, live=sys.stdout.isatty(), echo=echo)
         echo(FollowState.from_job(job).outcome_line())
         metrics = client.metrics(job["id"], points=40)
         checkpoints = client.checkpoints(job["id"])

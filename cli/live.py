@@ -7,7 +7,8 @@ commands that print plain text do not load it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -219,6 +220,86 @@ class FollowState:
 # ---- on a terminal -------------------------------------------------------------------------
 
 
+class StepOrderedLines:
+    """A plain follow's lines, printed in the order of the steps they are about.
+
+    A checkpoint's event is recorded once its files are stored (worker.publisher), which can be
+    after the metrics of later steps: the lines of the steps past a checkpoint that is due
+    (``expect``: the steps whose checkpoint is expected) wait for its line, so that "checkpoint
+    ... at step 20" never comes after "step 35/40". They wait ``hold_seconds`` at most (a
+    checkpoint that failed to store never comes). ``flush`` prints what still waits."""
+
+    def __init__(
+        self, echo: Callable[[str], None], *, hold_seconds: float = 300.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.echo = echo
+        self.due: list[int] = []
+        self.hold_seconds = hold_seconds
+        self.clock = clock
+        self.waiting: list[tuple[int, str]] = []  # (step, line), in the order they are printed
+        self.waiting_since: float | None = None
+
+    def expect(self, due: Iterable[int]) -> None:
+        self.due = sorted(set(due))
+
+    def add(self, step: int, line: str, *, checkpoint: bool = False) -> None:
+        if checkpoint:
+            if step in self.due:
+                self.due.remove(step)
+            # After the lines of its step and those before, ahead of the lines of later steps.
+            at = next((i for i, (s, _) in enumerate(self.waiting) if s > step), len(self.waiting))
+            self.waiting.insert(at, (step, line))
+        else:
+            self.waiting.append((step, line))
+        if self.waiting_since is not None and self.clock() - self.waiting_since > self.hold_seconds:
+            self.due = [s for s in self.due if s >= self.waiting[-1][0]]  # given up on
+        while self.waiting and not (self.due and self.due[0] < self.waiting[0][0]):
+            self.echo(self.waiting.pop(0)[1])
+        if not self.waiting:
+            self.waiting_since = None
+        elif self.waiting_since is None:
+            self.waiting_since = self.clock()
+
+    def flush(self) -> None:
+        for _, line in self.waiting:
+            self.echo(line)
+        self.waiting.clear()
+        self.waiting_since = None
+
+
+def due_checkpoints(training: dict[str, Any], total_steps: int) -> list[int]:
+    """The steps at which a job of ``training`` and ``total_steps`` saves a checkpoint (every
+    ``checkpoint_every_steps``, and its last)."""
+    every = training.get("checkpoint_every_steps")
+    return sorted({*range(every, total_steps + 1, every), total_steps} if every else {total_steps})
+
+
+def follow_plain(client: TuneqClient, job: dict[str, Any], *, echo: Callable[[str], None]) -> dict[str, Any]:
+    """A line per event of note until the job ends, in step order (StepOrderedLines); the job
+    as it ended."""
+    state = FollowState.from_job(job)
+    training = job.get("training") or {}
+    lines = StepOrderedLines(echo)
+
+    def expect_from(step: int) -> None:
+        if state.total_steps:
+            lines.expect(s for s in due_checkpoints(training, state.total_steps) if s > step)
+
+    expect_from(state.history_through_step)
+    for event in client.stream_events(str(job["id"])):
+        line = state.apply(event)
+        if event.type == "resumed":  # the steps from its checkpoint on are trained again
+            lines.flush()
+            expect_from(state.step)
+        elif event.type == "plan":
+            expect_from(max(state.step, state.history_through_step))
+        if line is not None:
+            step = int(event.data.get("step") or 0) if event.type == "checkpoint" else state.step
+            lines.add(step, line, checkpoint=event.type == "checkpoint")
+    lines.flush()
+    return client.get_ended_job(str(job["id"]))
+
+
 def make_console(*, stderr: bool = False) -> Any:
     """A rich console; piped, one without colours and wide enough that tables never wrap an id."""
     from rich.console import Console
@@ -313,10 +394,17 @@ class JobProgressBar:
         self.progress.console.print(line, markup=False, highlight=False)
 
 
-def follow_job(client: TuneqClient, job: dict[str, Any], *, live: bool, console: Any = None) -> dict[str, Any]:
+def follow_job(
+    client: TuneqClient,
+    job: dict[str, Any],
+    *,
+    live: bool,
+    console: Any = None,
+    echo: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Show a job's progress until it ends and return it as it ended; a job that has ended
     already is returned as it is. ``live``: a progress bar; otherwise one plain line per event
-    of note."""
+    of note (``follow_plain``), to ``echo`` (the console's, by default)."""
     job_id = str(job["id"])
     state = FollowState.from_job(job)
     if state.status in TERMINAL_STATUSES:
@@ -331,10 +419,7 @@ def follow_job(client: TuneqClient, job: dict[str, Any], *, live: bool, console:
                     bar.print(line)
                 bar.show(state)
     else:
-        for event in client.stream_events(job_id):
-            line = state.apply(event)
-            if line is not None:
-                console.print(line, markup=False)
+        return follow_plain(client, job, echo=echo or (lambda line: console.print(line, markup=False)))
     final = client.get_ended_job(job_id)
     state.update_from_job(final)
     return final

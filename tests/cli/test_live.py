@@ -6,11 +6,12 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from cli.api_client import EXIT_CANCELLED, EXIT_FAILED, JobEvent
 from cli.commands import exit_code_for
-from cli.live import FollowState, JobProgressBar, follow_job, format_duration
+from cli.live import FollowState, JobProgressBar, StepOrderedLines, due_checkpoints, follow_job, format_duration
 from tests.cli.fake_api import JOB_ID, STREAM, FakeApi, Handler, client_for, invoke, job, metric, send_json, sse
 
 
@@ -226,3 +227,99 @@ def test_the_live_follow_says_the_job_paused(api: FakeApi) -> None:
             client, job("running", total_steps=4), live=True, console=Console(file=out, force_terminal=True, width=200)
         )
     assert f"paused at step 1 (`tuneq resume {JOB_ID}` continues it)" in out.getvalue()
+
+
+# ---- a plain follow's lines in step order ---------------------------------------------------------
+
+
+def test_a_checkpoints_line_comes_after_its_step_though_its_event_comes_later() -> None:
+    """The checkpoint of step 20 is recorded once its files are stored, here after step 35's
+    metric: it used to be printed after "step 35/40"."""
+    printed: list[str] = []
+    lines = StepOrderedLines(printed.append)
+    lines.expect(due_checkpoints({"checkpoint_every_steps": 20}, 40))
+    lines.add(0, "plan: 40 steps on 1 rank(s)")
+    for step in range(1, 36):
+        lines.add(step, f"step {step}/40")
+    assert printed[-1] == "step 20/40"  # the later steps wait for the checkpoint that is due
+    lines.add(20, "checkpoint deepspeed at step 20", checkpoint=True)
+    for step in range(36, 41):
+        lines.add(step, f"step {step}/40")
+    lines.add(40, "checkpoint deepspeed at step 40", checkpoint=True)
+    lines.add(40, "checkpoint model at step 40", checkpoint=True)
+    lines.flush()
+    steps = [f"step {step}/40" for step in range(1, 41)]
+    assert printed == [
+        "plan: 40 steps on 1 rank(s)",
+        *steps[:20],
+        "checkpoint deepspeed at step 20",
+        *steps[20:],
+        "checkpoint deepspeed at step 40",
+        "checkpoint model at step 40",
+    ]
+
+
+def test_lines_held_for_a_checkpoint_that_never_comes_are_printed_at_the_end_or_after_the_hold() -> None:
+    printed: list[str] = []
+    lines = StepOrderedLines(printed.append)
+    lines.expect([5])
+    for step in range(1, 8):
+        lines.add(step, f"step {step}")
+    assert printed == [f"step {step}" for step in range(1, 6)]
+    lines.flush()
+    assert printed == [f"step {step}" for step in range(1, 8)]
+
+    # A checkpoint that failed to store: the follow goes on once it has waited hold_seconds.
+    printed.clear()
+    now = [0.0]
+    lines = StepOrderedLines(printed.append, hold_seconds=15.0, clock=lambda: now[0])
+    lines.expect([5, 10])
+    for step in range(1, 9):
+        now[0] += 10.0
+        lines.add(step, f"step {step}")
+    assert printed == [f"step {step}" for step in range(1, 9)]  # step 6 waits from 60 s; at 80 s, given up
+    lines.add(9, "step 9")
+    lines.add(10, "step 10")
+    lines.add(11, "step 11")
+    assert printed[-1] == "step 10"  # the next checkpoint is waited for again
+
+
+@pytest.mark.parametrize(
+    ("training", "total", "due"),
+    [
+        ({"checkpoint_every_steps": 20}, 40, [20, 40]),
+        ({"checkpoint_every_steps": 20}, 45, [20, 40, 45]),
+        ({}, 10, [10]),
+    ],
+)
+def test_the_checkpoints_a_job_saves(training: dict[str, int], total: int, due: list[int]) -> None:
+    assert due_checkpoints(training, total) == due
+
+
+def test_show_follow_prints_a_checkpoint_after_its_step_and_before_later_steps(api: FakeApi) -> None:
+    """`tuneq show --follow` without a terminal: step 2's checkpoint event comes after step 4's
+    metric (it is recorded once stored); its line comes right after "step 2/4"."""
+    api.sse(
+        STREAM,
+        [
+            sse(1, "plan", {"total_steps": 4, "world_size": 1}),
+            *[sse(1 + step, "metric", metric(step, step)) for step in range(1, 5)],
+            sse(6, "checkpoint", {"kind": "deepspeed", "step": 2, "uri": "/c/2"}),
+            sse(7, "checkpoint", {"kind": "deepspeed", "step": 4, "uri": "/c/4"}),
+            sse(8, "status", {"status": "succeeded", "error": None}),
+        ],
+    )
+    running = job("running", step=0, training={"max_steps": 4, "checkpoint_every_steps": 2})
+    api.json("GET", f"/jobs/{JOB_ID}", job("succeeded", step=4, total_steps=4))
+    out = io.StringIO()
+    with client_for(api) as client:
+        follow_job(client, running, live=False, console=Console(file=out, width=200))
+    assert [line.partition(" loss")[0] for line in out.getvalue().splitlines()] == [
+        "plan: 4 steps on 1 rank(s)",
+        "step 1/4",
+        "step 2/4",
+        "checkpoint deepspeed at step 2: /c/2",
+        "step 3/4",
+        "step 4/4",
+        "checkpoint deepspeed at step 4: /c/4",
+    ]
