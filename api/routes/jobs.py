@@ -132,7 +132,8 @@ def list_jobs(
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
     """The caller's jobs, a page at a time (``skip``, ``limit``), newest first unless ``sort``
-    says otherwise; ``count`` is how many match the filters in all."""
+    says otherwise; ``count`` is how many match the filters in all, up to 10,000 with a
+    ``model`` or ``name`` filter (``count_capped``: more match)."""
     query = jobs_service.JobListQuery(
         status=status,
         model=model,
@@ -145,8 +146,9 @@ def list_jobs(
         skip=skip,
         limit=limit,
     )
-    jobs, count = jobs_service.list_jobs(session=session, owner=owner, query=query)
-    return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
+    jobs, count, capped = jobs_service.list_jobs(session=session, owner=owner, query=query)
+    data = [jobs_service.job_public(session=session, job=j) for j in jobs]
+    return JobsPublic(data=data, count=count, count_capped=capped)
 
 
 # How many jobs GET /jobs/lookup answers: enough to tell the caller which ids an ambiguous

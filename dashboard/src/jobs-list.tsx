@@ -189,6 +189,10 @@ export function JobsList({ params }: { params: URLSearchParams }) {
 
   const pageNumber = Math.max(1, Number(params.get("page")) || 1);
   const pages = page ? Math.max(1, Math.ceil(page.count / PAGE_SIZE)) : 1;
+  // Past a capped count the pages go on while they come back full.
+  const capped = page?.count_capped ?? false;
+  const more = capped ? (page?.data.length ?? 0) === PAGE_SIZE : pageNumber < pages;
+  const plus = capped ? "+" : "";
   const now = Date.now();
   return (
     <main id="jobs-view">
@@ -241,9 +245,9 @@ export function JobsList({ params }: { params: URLSearchParams }) {
           Previous
         </button>
         <span id="jobs-count">
-          {page ? `page ${pageNumber} of ${pages} · ${page.count} jobs` : "loading…"}
+          {page ? `page ${pageNumber} of ${pages}${plus} · ${page.count}${plus} jobs` : "loading…"}
         </span>
-        <button type="button" disabled={pageNumber >= pages} onClick={() => navigate(params, { page: String(pageNumber + 1) })}>
+        <button type="button" disabled={!more} onClick={() => navigate(params, { page: String(pageNumber + 1) })}>
           Next
         </button>
       </nav>

@@ -58,6 +58,8 @@ export interface Job {
 export interface JobsPage {
   data: Job[];
   count: number;
+  /** A model or name filter's count stops at 10,000: more match. */
+  count_capped: boolean;
 }
 
 export type Metric = Record<string, number | null> & { step: number };

@@ -34,9 +34,9 @@ class Job(SQLModel, table=True):
     # Idempotency keys are the client's, so unique per owner: two teams may pick the same one.
     __table_args__ = (
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
-        # GET /jobs's pages and counts (api.jobs_service.list_jobs): an owner's jobs newest first,
-        # of one status, or by name.
-        Index("ix_jobs_owner_created_at", "owner", "created_at"),
+        # GET /jobs's pages and counts (api.jobs_service.list_jobs): an owner's jobs newest first
+        # (with id, the order's tie-break: a page's ids from the index alone), of one status, or by name.
+        Index("ix_jobs_owner_created_at_id", "owner", "created_at", "id"),
         Index("ix_jobs_owner_status_created_at", "owner", "status", "created_at"),
         Index("ix_jobs_owner_name", "owner", "name"),
         # Its model and name filters, part-of matches (ILIKE '%…%'): trigram indexes on Postgres
@@ -456,7 +456,10 @@ class JobPublic(SQLModel):
 
 class JobsPublic(SQLModel):
     data: list[JobPublic]
+    # How many jobs match in all; with a part-of filter (model, name), which reads each match,
+    # counted up to api.jobs_service.PART_OF_COUNT_CAP, and count_capped says more match.
     count: int
+    count_capped: bool = False
 
 
 # The DPO measures under the names TRL's DPOTrainer logs them by, which the API answers:

@@ -98,10 +98,29 @@ def test_sorting_and_pages_cover_every_job_once(client: TestClient) -> None:
     assert times == sorted(times)
 
 
+def test_a_part_of_filters_count_stops_at_the_cap_and_says_so(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model or name part-of match reads each matching row to count it: past the cap the
+    count says "this many or more"; the pages go on. Other filters count exactly."""
+    import api.jobs_service
+
+    monkeypatch.setattr(api.jobs_service, "PART_OF_COUNT_CAP", 3)
+    made = add_jobs(*({"name": f"sweep-{i}", "created_at": NOW - timedelta(minutes=i)} for i in range(5)))
+    capped = client.get("/jobs", params={"name": "sweep", "limit": 2}).json()
+    assert (capped["count"], capped["count_capped"]) == (3, True)
+    pages = [ids(client, name="sweep", skip=skip, limit=2) for skip in (0, 2, 4)]
+    assert [job for page in pages for job in page] == made  # newest first, every match
+    exact = client.get("/jobs", params={"name": "sweep-1"}).json()
+    assert (exact["count"], exact["count_capped"]) == (1, False)
+    unfiltered = client.get("/jobs").json()
+    assert (unfiltered["count"], unfiltered["count_capped"]) == (5, False)
+
+
 def test_the_default_answer_keeps_its_shape(client: TestClient) -> None:
     older, newer = add_jobs({"created_at": NOW - timedelta(minutes=1)}, {"created_at": NOW})
     answer = client.get("/jobs").json()
-    assert set(answer) == {"data", "count"} and answer["count"] == 2
+    assert set(answer) == {"data", "count", "count_capped"} and answer["count"] == 2 and not answer["count_capped"]
     assert [job["id"] for job in answer["data"]] == [newer, older]  # newest first
 
 
