@@ -187,6 +187,6 @@ def test_api_keys(tmp_path_factory: pytest.TempPathFactory, workdir: Path) -> No
         assert wrong.returncode == EXIT_API_ERROR and "refused the API key in TUNEQ_API_KEY" in wrong.stderr
         good = tuneq(api, workdir, "jobs", "--json", api_key=key)
         assert good.returncode == 0, good.stderr
-        assert json.loads(good.stdout) == {"data": [], "count": 0}
+        assert json.loads(good.stdout) == {"data": [], "count": 0, "count_capped": False}
     finally:
         api.stop()
