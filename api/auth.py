@@ -1,11 +1,13 @@
-"""Who is asking: the owner behind ``Authorization: Bearer <key>``, and the request body limit.
+"""Who is asking: the owner behind ``Authorization: Bearer <key>`` (and whether the key is an
+admin's), and the request body limit.
 
 With ``TUNEQ_AUTH=off`` (allowed only on loopback, see ``tuneq serve``) every request is the
-fixed owner ``local``. Otherwise a missing, unknown or revoked key is 401.
+fixed owner ``local``, not an admin. Otherwise a missing, unknown or revoked key is 401.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -16,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
 from api.read_cache import ReadCache
-from shared.db.api_keys import hash_key, owner_of_key
+from shared.db.api_keys import hash_key, holder_of_key
 from shared.db.engine import get_engine
 from shared.db.models import LOCAL_OWNER
 from shared.settings import Settings, get_settings
@@ -27,13 +29,31 @@ def _unauthorized(message: str, *, invalid: bool) -> HTTPException:
     return HTTPException(status_code=401, detail=message, headers={"WWW-Authenticate": challenge})
 
 
-def _owner_of_key(key: str) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request is from: an owner, and whether its key is an admin's (``tuneq keys create
+    --admin``), which sees and changes every owner's jobs."""
+
+    owner: str
+    admin: bool = False
+
+    def sees(self, owner: str) -> bool:
+        """Whether this caller may read (and cancel, pause, resume) ``owner``'s jobs."""
+        return self.admin or owner == self.owner
+
+
+LOCAL_CALLER = Caller(owner=LOCAL_OWNER)
+
+
+def _caller_of_key(key: str) -> Caller | None:
     with Session(get_engine(), expire_on_commit=False) as session:
-        return owner_of_key(session=session, key=key)
+        row = holder_of_key(session=session, key=key)
+        return Caller(owner=row.owner, admin=row.admin) if row is not None else None
 
 
-class BearerOwner(SecurityBase):
-    """The dependency every route takes: the caller's owner, from ``Authorization: Bearer <key>``.
+class BearerScheme(SecurityBase):
+    """What every route takes as a dependency: the caller (``BearerCaller``) or its owner
+    (``BearerOwner``), from ``Authorization: Bearer <key>``.
 
     A security scheme itself (FastAPI declares it in the OpenAPI document, so clients and fuzzers
     know a 401 means "send a key") rather than a function over ``HTTPBearer``: a sub-dependency
@@ -48,10 +68,10 @@ class BearerOwner(SecurityBase):
         self.model = HTTPBearerModel(description="An API key: `tuneq keys create --owner NAME`")
         self.scheme_name = "HTTPBearer"
 
-    async def __call__(self, request: Request) -> str:
+    async def caller(self, request: Request) -> Caller:
         settings = get_settings()
         if not settings.auth_required:
-            return LOCAL_OWNER
+            return LOCAL_CALLER
         header = request.headers.get("authorization")
         if not header:
             raise _unauthorized(
@@ -64,15 +84,33 @@ class BearerOwner(SecurityBase):
             raise _unauthorized("the Authorization header must be 'Bearer <key>'", invalid=False)
         key = key.strip()
         # The look-up reads (and now and then writes) the database, in the thread pool; a valid
-        # key's owner is kept TUNEQ_KEY_CACHE_SECONDS by the SHA-256 of the key (api.read_cache),
+        # key's caller is kept TUNEQ_KEY_CACHE_SECONDS by the SHA-256 of the key (api.read_cache),
         # so a revoked key is refused within that. Unknown and revoked keys are never kept.
-        owners: ReadCache[str, str] = request.app.state.key_cache
-        owner = await owners.read(hash_key(key), ttl=settings.key_cache_seconds, load=lambda _: _owner_of_key(key))
-        if owner is None:
+        callers: ReadCache[str, Caller] = request.app.state.key_cache
+        caller = await callers.read(hash_key(key), ttl=settings.key_cache_seconds, load=lambda _: _caller_of_key(key))
+        if caller is None:
             raise _unauthorized("the API key is unknown or revoked", invalid=True)
-        return owner
+        return caller
 
 
+class BearerCaller(BearerScheme):
+    """The caller, for the routes that read or change a job, which an admin's key may do for
+    every owner's."""
+
+    async def __call__(self, request: Request) -> Caller:
+        return await self.caller(request)
+
+
+class BearerOwner(BearerScheme):
+    """The caller's owner alone, for the routes where an admin's key acts as its own owner's
+    (submits, uploads, /v1)."""
+
+    async def __call__(self, request: Request) -> str:
+        return (await self.caller(request)).owner
+
+
+current_caller = BearerCaller()
+CallerDep = Annotated[Caller, Depends(current_caller)]
 current_owner = BearerOwner()
 OwnerDep = Annotated[str, Depends(current_owner)]
 

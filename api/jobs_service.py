@@ -16,6 +16,7 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from api.auth import Caller
 from api.model_sources import ResolvedModel, resolve_model
 from api.v1.files_service import get_file
 from shared.data.preference import supervised_refusal
@@ -124,7 +125,7 @@ def resume_from_problems(*, session: Session, job_in: JobCreate, owner: str) -> 
     if start is None:
         return []
     loc: tuple[str | int, ...] = ("body", "resume_from")
-    source = get_job(session=session, job_id=start.job_id, owner=owner)  # another owner's: not found
+    source = get_job(session=session, job_id=start.job_id, caller=Caller(owner=owner))  # another owner's: not found
     if source is None:
         return [Problem((*loc, "job_id"), f"job {start.job_id} not found")]
     # A checkpoints row exists once every file of it is in the artifact store.
@@ -399,21 +400,22 @@ def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: i
     return list_events(session=session, job_id=job_id, after=after, limit=limit)
 
 
-def get_job(*, session: Session, job_id: uuid.UUID, owner: str) -> Job | None:
-    """``owner``'s job, or None: another owner's job is not found, exactly like a missing one.
+def get_job(*, session: Session, job_id: uuid.UUID, caller: Caller) -> Job | None:
+    """A job ``caller`` sees (its owner's; an admin's key: any), or None: another owner's job
+    is not found, exactly like a missing one.
 
     Every lookup of a job on a caller's behalf goes through here, except ``GET /jobs/{id}``'s
     read (``job_answers``), which every caller shares and whose route checks the owner."""
     job = session.get(Job, job_id)
-    return job if job is not None and job.owner == owner else None
+    return job if job is not None and caller.sees(job.owner) else None
 
 
-def jobs_with_id_prefix(*, session: Session, owner: str, prefix: str, limit: int) -> tuple[list[Job], int]:
-    """``owner``'s jobs whose id starts with ``prefix`` (1 to 32 lower-case hex digits, no
+def jobs_with_id_prefix(*, session: Session, owner: str | None, prefix: str, limit: int) -> tuple[list[Job], int]:
+    """``owner``'s jobs (None: every owner's) whose id starts with ``prefix`` (1 to 32 lower-case hex digits, no
     dashes: a short id as the dashboard and ``tuneq`` show it), newest first, at most ``limit``
     of them, and how many there are. The ids of a prefix are one range of the primary key."""
     low, high = uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
-    conditions = [col(Job.id) >= low, col(Job.id) <= high, col(Job.owner) == owner]
+    conditions = [col(Job.id) >= low, col(Job.id) <= high, *([col(Job.owner) == owner] if owner is not None else [])]
     count = session.exec(select(func.count()).select_from(Job).where(*conditions)).one()
     page = select(Job).where(*conditions).order_by(col(Job.created_at).desc()).limit(limit)
     return list(session.exec(page).all()), int(count)
@@ -475,12 +477,13 @@ class JobListQuery:
 PART_OF_COUNT_CAP = 10_000
 
 
-def list_jobs(*, session: Session, owner: str, query: JobListQuery) -> tuple[list[Job], int, bool]:
-    """One page of ``owner``'s jobs, how many match in all, and whether that count stopped at
-    PART_OF_COUNT_CAP. The page's ids come first, alone, then its rows: a deep page skips index
-    entries rather than rows (shared.db.models.Job's indexes); ``model`` and ``name`` part-of
-    matches use trigram indexes on Postgres (migrations 0023, 0024; BENCHMARKS.md, B11a)."""
-    conditions: list[Any] = [col(Job.owner) == owner]
+def list_jobs(*, session: Session, owner: str | None, query: JobListQuery) -> tuple[list[Job], int, bool]:
+    """One page of ``owner``'s jobs (None: every owner's, for an admin), how many match in all,
+    and whether that count stopped at PART_OF_COUNT_CAP. The page's ids come first, alone, then
+    its rows: a deep page skips index entries rather than rows (shared.db.models.Job's indexes);
+    ``model`` and ``name`` part-of matches use trigram indexes on Postgres (migrations 0023, 0024;
+    BENCHMARKS.md, B11a)."""
+    conditions: list[Any] = [col(Job.owner) == owner] if owner is not None else []
     if query.status is not None:
         conditions.append(col(Job.status) == query.status)
     if query.model:

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from sqlalchemy.exc import DBAPIError
 
-from api.auth import BodySizeLimit
+from api.auth import BodySizeLimit, Caller
 from api.errors import unavailable_response
 from api.jobs_service import JobAnswer
 from api.metrics import RequestLatency, build_registry
@@ -96,7 +96,7 @@ def create_app() -> FastAPI:
     # Recent reads requests share (api.read_cache), per app like the registry: GET /jobs/{id}'s
     # answers by job id, and owners by the SHA-256 of their API key.
     app.state.job_cache = ReadCache[uuid.UUID, JobAnswer]()
-    app.state.key_cache = ReadCache[str, str]()
+    app.state.key_cache = ReadCache[str, Caller]()
     # 503 + Retry-After once the server stops (`tuneq serve` begins it on SIGTERM), and for what
     # the stop's grace cuts off, rather than a dropped connection.
     app.state.server_stop = ServerStop()

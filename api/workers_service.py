@@ -2,7 +2,8 @@
 gangs waiting for nodes, as keyword-only functions over a session. No HTTP in here.
 
 Workers and queues are the deployment's, so every owner sees them all; a job's id is shown only
-to its owner (another owner's running job is just "busy", a waiting gang has no id).
+to its owner and to admins' keys (another owner's running job is just "busy", a waiting gang has
+no id).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from enum import StrEnum
 from sqlalchemy import func
 from sqlmodel import Session, SQLModel, col, select
 
+from api.auth import Caller
 from shared.db.lifecycle import ACTIVE, live_worker
 from shared.db.models import Job, JobNode, NodeState, UTCDateTime, Worker, utcnow
 from shared.jobs.status import JobStatus
@@ -111,7 +113,7 @@ def _state(
     return WorkerState.idle, None
 
 
-def list_workers(*, session: Session, settings: Settings, owner: str) -> WorkersPublic:
+def list_workers(*, session: Session, settings: Settings, caller: Caller) -> WorkersPublic:
     """Every worker the table still has (stopped ones until pruned), by queue and id."""
     since = utcnow() - timedelta(seconds=settings.worker_seen_seconds)
     running = _running_jobs(session)
@@ -127,7 +129,7 @@ def list_workers(*, session: Session, settings: Settings, owner: str) -> Workers
                 update={
                     "state": state,
                     "unavailable_reason": reason,
-                    "job_id": job[0] if job is not None and job[1] == owner else None,
+                    "job_id": job[0] if job is not None and caller.sees(job[1]) else None,
                     "held_for_gang": state == WorkerState.idle and worker.gang_job_id is not None,
                 },
             )
@@ -144,7 +146,7 @@ def _seconds_since(value: datetime | None, now: datetime) -> float | None:
     return None if value is None else max(0.0, (now - _as_utc(value)).total_seconds())
 
 
-def list_queues(*, session: Session, settings: Settings, owner: str) -> QueuesPublic:
+def list_queues(*, session: Session, settings: Settings, caller: Caller) -> QueuesPublic:
     """The size queues with their queued one-node jobs and live workers, and the waiting gangs."""
     now = utcnow()
     since = now - timedelta(seconds=settings.worker_seen_seconds)
@@ -166,10 +168,10 @@ def list_queues(*, session: Session, settings: Settings, owner: str) -> QueuesPu
         entry = queues.setdefault(name, QueuePublic(name=name, queued=0, oldest_wait_seconds=None, workers=0))
         entry.queued, entry.oldest_wait_seconds = count, _seconds_since(oldest, now)
     ordered = sorted(queues.values(), key=lambda q: (q.name is None, q.name or ""))
-    return QueuesPublic(data=ordered, gangs=_waiting_gangs(session=session, owner=owner, now=now))
+    return QueuesPublic(data=ordered, gangs=_waiting_gangs(session=session, caller=caller, now=now))
 
 
-def _waiting_gangs(*, session: Session, owner: str, now: datetime) -> list[GangPublic]:
+def _waiting_gangs(*, session: Session, caller: Caller, now: datetime) -> list[GangPublic]:
     held = dict(
         session.exec(
             select(Worker.gang_job_id, func.count())
@@ -184,7 +186,7 @@ def _waiting_gangs(*, session: Session, owner: str, now: datetime) -> list[GangP
     ).all()
     return [
         GangPublic(
-            job_id=job.id if job.owner == owner else None,
+            job_id=job.id if caller.sees(job.owner) else None,
             num_nodes=job.num_nodes,
             num_gpus=job.num_gpus,
             held_workers=held.get(job.id, 0),

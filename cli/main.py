@@ -262,7 +262,10 @@ def _keys_database() -> None:
 
 
 @keys_app.command("create")
-def keys_create(owner: str = typer.Option(..., help="Who the key's jobs belong to.")) -> None:
+def keys_create(
+    owner: str = typer.Option(..., help="Who the key's jobs belong to."),
+    admin: bool = typer.Option(False, "--admin", help="An admin's key: sees, cancels and pauses every owner's job."),
+) -> None:
     """Create a key for OWNER and print it, once: only its hash is stored."""
     from shared.db.api_keys import InvalidOwner, create_key
     from shared.db.engine import session_scope
@@ -270,20 +273,21 @@ def keys_create(owner: str = typer.Option(..., help="Who the key's jobs belong t
     _keys_database()
     try:
         with session_scope() as session:
-            row, key = create_key(session=session, owner=owner)
+            row, key = create_key(session=session, owner=owner, admin=admin)
     except InvalidOwner as e:
         typer.echo(f"tuneq: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(key)
+    kind = "an admin's key" if row.admin else "key"
     typer.echo(
-        f"key {row.id} for owner {row.owner}: send it as 'Authorization: Bearer <key>'; it is not shown again",
+        f"{kind} {row.id} for owner {row.owner}: send it as 'Authorization: Bearer <key>'; it is not shown again",
         err=True,
     )
 
 
 @keys_app.command("list")
 def keys_list() -> None:
-    """The keys: id, owner, created, last used, revoked."""
+    """The keys: id, owner, admin or not, created, last used, revoked."""
     from shared.db.api_keys import list_keys
     from shared.db.engine import session_scope
 
@@ -294,8 +298,11 @@ def keys_list() -> None:
     def when(value: datetime | None) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
 
-    table = [("ID", "OWNER", "CREATED", "LAST USED", "REVOKED")]
-    table += [(r.id, r.owner, when(r.created_at), when(r.last_used_at), when(r.revoked_at)) for r in rows]
+    table = [("ID", "OWNER", "ADMIN", "CREATED", "LAST USED", "REVOKED")]
+    table += [
+        (r.id, r.owner, "yes" if r.admin else "-", when(r.created_at), when(r.last_used_at), when(r.revoked_at))
+        for r in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

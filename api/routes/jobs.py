@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
@@ -12,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service, plan_service
 from api.artifact_download import serve_artifact
-from api.auth import OwnerDep
+from api.auth import Caller, CallerDep, OwnerDep
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
 from api.jobs_service import JobAnswer
@@ -41,8 +42,9 @@ from shared.jobs.status import JobStatus
 from shared.jobs.validation import JobValidationError
 from shared.settings import get_settings
 
-# Every route takes the owner (OwnerDep), which is what asks for the caller's key (or finds auth
-# off), and scopes what it reads by it. Not also a router-wide dependency: FastAPI would solve it
+# Every route takes the caller (CallerDep: reads and changes, which an admin's key may make on
+# every owner's jobs) or its owner (OwnerDep: submits), which is what asks for the key (or finds
+# auth off), and scopes what it reads by it. Not also a router-wide dependency: FastAPI would solve it
 # a second time on every request (its cache saves the call, not the solving), a tenth of a
 # cached GET /jobs/{id}; tests/api/test_auth.py checks that every route asks for the key.
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute, responses=UNAUTHORIZED)
@@ -60,8 +62,8 @@ def _not_found(job_id: uuid.UUID) -> HTTPException:
     return HTTPException(status_code=404, detail=f"job {job_id} not found")
 
 
-def _job_or_404(session: Session, job_id: uuid.UUID, owner: str) -> Job:
-    job = jobs_service.get_job(session=session, job_id=job_id, owner=owner)
+def _job_or_404(session: Session, job_id: uuid.UUID, caller: Caller) -> Job:
+    job = jobs_service.get_job(session=session, job_id=job_id, caller=caller)
     if job is None:
         raise _not_found(job_id)
     return job
@@ -113,10 +115,29 @@ def plan_job(job_in: JobCreate, session: SessionDep, settings: SettingsDep, owne
         raise HTTPException(status_code=422, detail=detail) from None
 
 
-@router.get("", response_model=JobsPublic)
+def _listed_owner(caller: Caller, owner: str | None) -> str | None:
+    """Whose jobs GET /jobs lists: ``owner``'s or every owner's (None) for an admin's key, the
+    caller's own otherwise; another owner's is a 403 that says which key may."""
+    if caller.admin:
+        return owner
+    if owner is not None and owner != caller.owner:
+        raise HTTPException(
+            status_code=403,
+            detail=f"owner: this key lists its own jobs ({caller.owner}'s); another owner's need an admin's key "
+            "(`tuneq keys create --owner NAME --admin`)",
+        )
+    return caller.owner
+
+
+@router.get("", response_model=JobsPublic, responses={403: error("owner is another's; the key is not an admin's")})
 def list_jobs(
     session: ReadSessionDep,
-    owner: OwnerDep,
+    caller: CallerDep,
+    owner: str | None = Query(
+        default=None,
+        max_length=200,
+        description="An admin's key: this owner's jobs (every owner's when left out); any other key: its own",
+    ),
     status: JobStatus | None = None,
     model: str | None = Query(default=None, max_length=1000, description="Jobs whose model contains this (any case)"),
     name: str | None = Query(default=None, max_length=200, description="Jobs whose name contains this (any case)"),
@@ -131,9 +152,10 @@ def list_jobs(
     skip: int = Query(default=0, ge=0, le=SQL_INT_MAX),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobsPublic:
-    """The caller's jobs, a page at a time (``skip``, ``limit``), newest first unless ``sort``
-    says otherwise; ``count`` is how many match the filters in all, up to 10,000 with a
-    ``model`` or ``name`` filter (``count_capped``: more match)."""
+    """The caller's jobs (an admin's key: every owner's, or ``owner``'s), a page at a time
+    (``skip``, ``limit``), newest first unless ``sort`` says otherwise; ``count`` is how many
+    match the filters in all, up to 10,000 with a ``model`` or ``name`` filter (``count_capped``:
+    more match)."""
     query = jobs_service.JobListQuery(
         status=status,
         model=model,
@@ -146,7 +168,7 @@ def list_jobs(
         skip=skip,
         limit=limit,
     )
-    jobs, count, capped = jobs_service.list_jobs(session=session, owner=owner, query=query)
+    jobs, count, capped = jobs_service.list_jobs(session=session, owner=_listed_owner(caller, owner), query=query)
     data = [jobs_service.job_public(session=session, job=j) for j in jobs]
     return JobsPublic(data=data, count=count, count_capped=capped)
 
@@ -160,7 +182,7 @@ ID_PREFIX_MATCHES = 10
 @router.get("/lookup", response_model=JobsPublic)
 def lookup_jobs(
     session: ReadSessionDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     id_prefix: str = Query(
         min_length=1,
         max_length=36,
@@ -171,7 +193,10 @@ def lookup_jobs(
     """The caller's jobs whose id starts with ``id_prefix`` (dashes ignored), newest first, at
     most 10; ``count`` is how many there are: one is the job a short id names."""
     prefix = id_prefix.replace("-", "").lower()
-    jobs, count = jobs_service.jobs_with_id_prefix(session=session, owner=owner, prefix=prefix, limit=ID_PREFIX_MATCHES)
+    listed = None if caller.admin else caller.owner
+    jobs, count = jobs_service.jobs_with_id_prefix(
+        session=session, owner=listed, prefix=prefix, limit=ID_PREFIX_MATCHES
+    )
     return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
 
 
@@ -182,25 +207,25 @@ def _read_job_answers(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobAnswer]:
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-async def get_job(job_id: uuid.UUID, request: Request, owner: OwnerDep) -> Response:
+async def get_job(job_id: uuid.UUID, request: Request, caller: CallerDep) -> Response:
     # The route clients poll: answered from this process's recent read of the job when there is
     # one (api.read_cache, TUNEQ_JOB_CACHE_SECONDS), else read once for all the requests waiting,
     # together with the other jobs that missed meanwhile. The body is encoded once per read, so
     # the answer skips FastAPI's response validation.
     cache: ReadCache[uuid.UUID, JobAnswer] = request.app.state.job_cache
     answer = await cache.read_batched(job_id, ttl=get_settings().job_cache_seconds, load_many=_read_job_answers)
-    if answer is None or answer.owner != owner:
+    if answer is None or not caller.sees(answer.owner):
         raise _not_found(job_id)
     return Response(answer.body, media_type="application/json")
 
 
 def _change_job(
-    request: Request, session: Session, job_id: uuid.UUID, owner: str, change: Callable[[], Job]
+    request: Request, session: Session, job_id: uuid.UUID, caller: Caller, change: Callable[[], Job]
 ) -> JobPublic:
-    """A request that changes the caller's job (cancel, pause, resume): 404 for another owner's
-    job, 409 for a job in a status it does not apply to, 429 for a resume past the owner's
-    active-job limit. This process's next GET of the job sees the change at once."""
-    _job_or_404(session, job_id, owner)
+    """A request that changes the caller's job (cancel, pause, resume; an admin's key: any
+    owner's): 404 for another owner's job, 409 for a job in a status it does not apply to, 429
+    for a resume past the owner's active-job limit. This process's next GET of the job sees the change at once."""
+    _job_or_404(session, job_id, caller)
     try:
         job = change()
     except JobStateError as e:
@@ -212,9 +237,10 @@ def _change_job(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses={**NOT_FOUND, 409: error("The job already ended")})
-def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
+def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, caller: CallerDep) -> JobPublic:
     """A queued or paused job is cancelled at once; a running one goes through `cancelling`."""
-    return _change_job(request, session, job_id, owner, lambda: jobs_service.cancel_job(session=session, job_id=job_id))
+    change = partial(jobs_service.cancel_job, session=session, job_id=job_id)
+    return _change_job(request, session, job_id, caller, change)
 
 
 @router.post(
@@ -222,10 +248,11 @@ def cancel_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: 
     response_model=JobPublic,
     responses={**NOT_FOUND, 409: error("The job already ended, or is being cancelled")},
 )
-def pause_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: OwnerDep) -> JobPublic:
+def pause_job(job_id: uuid.UUID, request: Request, session: SessionDep, caller: CallerDep) -> JobPublic:
     """A running job goes through `pausing` (its ranks save a checkpoint at their next step and
     exit, freeing the worker) to `paused`; a queued one is paused at once. Again: no change."""
-    return _change_job(request, session, job_id, owner, lambda: jobs_service.pause_job(session=session, job_id=job_id))
+    change = partial(jobs_service.pause_job, session=session, job_id=job_id)
+    return _change_job(request, session, job_id, caller, change)
 
 
 @router.post(
@@ -238,14 +265,14 @@ def pause_job(job_id: uuid.UUID, request: Request, session: SessionDep, owner: O
     },
 )
 def resume_job(
-    job_id: uuid.UUID, request: Request, session: SessionDep, settings: SettingsDep, owner: OwnerDep
+    job_id: uuid.UUID, request: Request, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> JobPublic:
     """A paused job is queued again; its next attempt continues from the pause's checkpoint."""
     return _change_job(
         request,
         session,
         job_id,
-        owner,
+        caller,
         lambda: jobs_service.resume_job(session=session, job_id=job_id, settings=settings),
     )
 
@@ -254,7 +281,7 @@ def resume_job(
 def get_metrics(
     job_id: uuid.UUID,
     session: ReadSessionDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     after: int = Query(default=0, ge=0, le=SQL_INT_MAX, description="Steps after this one (a page's next_after)"),
     limit: int = Query(default=1000, ge=1, le=10_000),
     points: int | None = Query(
@@ -265,21 +292,21 @@ def get_metrics(
     ),
 ) -> MetricsPublic:
     """The job's per-step metrics in step order, a page at a time (``has_more``, ``next_after``)."""
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     return jobs_service.list_metrics(session=session, job_id=job_id, after=after, limit=limit, points=points)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=NOT_FOUND)
-def get_checkpoints(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> CheckpointsPublic:
-    _job_or_404(session, job_id, owner)
+def get_checkpoints(job_id: uuid.UUID, session: ReadSessionDep, caller: CallerDep) -> CheckpointsPublic:
+    _job_or_404(session, job_id, caller)
     rows = jobs_service.list_checkpoints(session=session, job_id=job_id)
     return CheckpointsPublic(data=[CheckpointPublic.model_validate(r) for r in rows])
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactsPublic, responses=NOT_FOUND)
-def get_artifacts(job_id: uuid.UUID, session: ReadSessionDep, owner: OwnerDep) -> ArtifactsPublic:
+def get_artifacts(job_id: uuid.UUID, session: ReadSessionDep, caller: CallerDep) -> ArtifactsPublic:
     """Every file of the job in the artifact store: checkpoints, the model or adapter, the log."""
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     rows = list_artifacts(session=session, job_id=job_id)
     return ArtifactsPublic(data=[ArtifactPublic.model_validate(r) for r in rows])
 
@@ -300,12 +327,12 @@ def download_artifact(
     path: str,
     session: ReadSessionDep,
     settings: SettingsDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     range: Annotated[str | None, Header(max_length=200)] = None,
     if_range: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """One file, as ``path`` appears in the job's artifacts; ``Range: bytes=N-`` resumes."""
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     artifact = get_artifact(session=session, job_id=job_id, path=path)
     if artifact is None:
         raise HTTPException(status_code=404, detail=f"job {job_id} has no artifact {path!r}")
@@ -328,14 +355,14 @@ def get_events(
     job_id: uuid.UUID,
     request: Request,
     session: ReadSessionDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     after: int = Query(
         default=0, ge=0, le=SQL_INT_MAX, description="Return events with an id greater than this cursor"
     ),
     limit: int = Query(default=100, ge=1, le=1000),
     last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
 ) -> EventsPublic | EventSourceResponse:
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     cursor = last_event_id if last_event_id is not None else after
     if "text/event-stream" in request.headers.get("accept", ""):
         return _sse(job_id, cursor)
@@ -347,12 +374,12 @@ def get_events(
 def stream_events(
     job_id: uuid.UUID,
     session: ReadSessionDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     after: int = Query(default=0, ge=0, le=SQL_INT_MAX),
     last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events; ends after the job's terminal status. `Last-Event-ID` resumes."""
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     return _sse(job_id, last_event_id if last_event_id is not None else after)
 
 
@@ -361,13 +388,13 @@ def get_logs(
     job_id: uuid.UUID,
     session: ReadSessionDep,
     settings: SettingsDep,
-    owner: OwnerDep,
+    caller: CallerDep,
     tail: int = Query(default=200, ge=1),
     follow: bool = Query(default=False, description="Stream new lines as text/plain until the job ends"),
 ) -> LogsPublic | StreamingResponse:
     """The job's last ``tail`` log lines, read from the ``log`` events the worker records; with
     ``follow``, those lines and then each new one as text/plain until the job has ended."""
-    _job_or_404(session, job_id, owner)
+    _job_or_404(session, job_id, caller)
     if follow:
         return StreamingResponse(
             follow_log(job_id, min(tail, settings.max_log_tail)), media_type="text/plain; charset=utf-8"

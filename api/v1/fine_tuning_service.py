@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from sqlmodel import Session, col, select
 
+from api.auth import Caller
 from api.jobs_service import create_job, deployment_hardware, get_job
 from api.model_sources import ModelNotNamed, base_model_of, fine_tuned_model_name, model_source
 from api.v1.errors import OpenAIRequestError
@@ -124,7 +125,7 @@ def _cursor(value: str | None, prefix: str, param: str) -> int | None:
 def get_fine_tuning_job(*, session: Session, fine_tuning_job_id: str, owner: str) -> Job | None:
     """``owner``'s job by its ``ftjob-`` id; another owner's is not found, like a missing one."""
     job_id = native_job_id(fine_tuning_job_id)
-    return get_job(session=session, job_id=job_id, owner=owner) if job_id is not None else None
+    return get_job(session=session, job_id=job_id, caller=Caller(owner=owner)) if job_id is not None else None
 
 
 # ---- creating ------------------------------------------------------------------------------

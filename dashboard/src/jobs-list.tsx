@@ -6,7 +6,7 @@ import { api, isQuiet, message } from "./api";
 import { CopyId } from "./copy-id";
 import { age, duration, gpus, hyperparameters, num, progressShare, progressText } from "./format";
 import { compareHash, jobHash, jobsHash } from "./route";
-import { type Job, type JobsPage, STATUSES } from "./types";
+import { type Caller, type Job, type JobsPage, STATUSES } from "./types";
 
 const PAGE_SIZE = 50;
 const REFRESH_MS = 3000;
@@ -15,7 +15,7 @@ const SINCE: Record<string, number> = { "1h": 3600, "24h": 86400, "7d": 7 * 8640
 
 function apiQuery(params: URLSearchParams): string {
   const query = new URLSearchParams();
-  for (const name of ["status", "model", "name", "sort"]) {
+  for (const name of ["owner", "status", "model", "name", "sort"]) {
     const value = params.get(name);
     if (value) query.set(name, value);
   }
@@ -37,17 +37,19 @@ function navigate(params: URLSearchParams, changes: Record<string, string | null
   location.hash = jobsHash(next);
 }
 
-function Filters({ params }: { params: URLSearchParams }) {
+function Filters({ params, admin }: { params: URLSearchParams; admin: boolean }) {
   // Text filters apply on submit (Enter), not on each key: each change is a new URL.
   const [model, setModel] = useState(params.get("model") ?? "");
   const [name, setName] = useState(params.get("name") ?? "");
+  const [owner, setOwner] = useState(params.get("owner") ?? "");
   useEffect(() => {
     setModel(params.get("model") ?? "");
     setName(params.get("name") ?? "");
+    setOwner(params.get("owner") ?? "");
   }, [params]);
   const submit = (event: Event) => {
     event.preventDefault();
-    navigate(params, { model: model.trim(), name: name.trim() });
+    navigate(params, { model: model.trim(), name: name.trim(), ...(admin ? { owner: owner.trim() } : {}) });
   };
   return (
     <form class="filters" onSubmit={submit} role="search" aria-label="Filter jobs">
@@ -68,6 +70,12 @@ function Filters({ params }: { params: URLSearchParams }) {
         Model
         <input id="filter-model" type="search" value={model} onInput={(e) => setModel(e.currentTarget.value)} placeholder="part of a model" />
       </label>
+      {admin && (
+        <label>
+          Owner
+          <input id="filter-owner" type="search" value={owner} onInput={(e) => setOwner(e.currentTarget.value)} placeholder="every owner" />
+        </label>
+      )}
       <label>
         Created
         <select id="filter-since" value={params.get("since") ?? ""} onChange={(e) => navigate(params, { since: e.currentTarget.value })}>
@@ -113,12 +121,13 @@ function Progress({ job }: { job: Job }) {
 
 interface RowProps {
   job: Job;
+  admin: boolean;
   now: number;
   selected: boolean;
   onSelect: (id: string, on: boolean) => void;
 }
 
-function Row({ job, now, selected, onSelect }: RowProps) {
+function Row({ job, admin, now, selected, onSelect }: RowProps) {
   const running = job.status === "running";
   const speed = job.latest_metrics?.tokens_per_second;
   return (
@@ -135,6 +144,7 @@ function Row({ job, now, selected, onSelect }: RowProps) {
         <a href={jobHash(job.id)}>{job.name || "unnamed"}</a>
         <CopyId id={job.id} />
       </td>
+      {admin && <td class="owner">{job.owner}</td>}
       <td class="status">
         <span class={`status status-${job.status}`}>{job.status}</span>
       </td>
@@ -163,6 +173,12 @@ function Row({ job, now, selected, onSelect }: RowProps) {
 
 export function JobsList({ params }: { params: URLSearchParams }) {
   const [page, setPage] = useState<JobsPage | null>(null);
+  // An admin's key lists every owner's jobs: an Owner column and filter then.
+  const [caller, setCaller] = useState<Caller | null>(null);
+  const admin = caller?.admin ?? false;
+  useEffect(() => {
+    api<Caller>("/me").then(setCaller, () => setCaller(null));
+  }, []);
   const [error, setError] = useState<string | null>(null);
   const [selected, setSelected] = useState<string[]>([]); // in the order ticked
   const query = apiQuery(params);
@@ -197,7 +213,7 @@ export function JobsList({ params }: { params: URLSearchParams }) {
   return (
     <main id="jobs-view">
       <h1>Jobs</h1>
-      <Filters params={params} />
+      <Filters params={params} admin={admin} />
       <div class="compare-bar">
         <button type="button" id="compare-button" disabled={selected.length < 2} onClick={() => (location.hash = compareHash(selected))}>
           Compare{selected.length ? ` ${selected.length} jobs` : ""}
@@ -222,6 +238,7 @@ export function JobsList({ params }: { params: URLSearchParams }) {
                 <span class="visually-hidden">Compare</span>
               </th>
               <SortHeader params={params} column="name" label="Job" />
+              {admin && <th scope="col">Owner</th>}
               <SortHeader params={params} column="status" label="Status" />
               <th scope="col">Model</th>
               <th scope="col">GPUs</th>
@@ -234,7 +251,7 @@ export function JobsList({ params }: { params: URLSearchParams }) {
           </thead>
           <tbody>
             {page?.data.map((job) => (
-              <Row key={job.id} job={job} now={now} selected={selected.includes(job.id)} onSelect={select} />
+              <Row key={job.id} job={job} admin={admin} now={now} selected={selected.includes(job.id)} onSelect={select} />
             ))}
           </tbody>
         </table>

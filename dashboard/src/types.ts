@@ -55,6 +55,12 @@ export interface Job {
   max_restarts: number;
 }
 
+/** GET /me: who the dashboard's key is. An admin's key sees every owner's jobs. */
+export interface Caller {
+  owner: string;
+  admin: boolean;
+}
+
 export interface JobsPage {
   data: Job[];
   count: number;

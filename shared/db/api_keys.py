@@ -41,11 +41,12 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(*, session: Session, owner: str) -> tuple[ApiKey, str]:
-    """A new key for ``owner``: the row, and the key itself (not stored anywhere)."""
+def create_key(*, session: Session, owner: str, admin: bool = False) -> tuple[ApiKey, str]:
+    """A new key for ``owner`` (an admin's: sees every owner's jobs): the row, and the key
+    itself (not stored anywhere)."""
     key_id = secrets.token_hex(6)
     key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    row = ApiKey(id=key_id, owner=check_owner(owner), key_hash=hash_key(key))
+    row = ApiKey(id=key_id, owner=check_owner(owner), key_hash=hash_key(key), admin=admin)
     session.add(row)
     session.commit()
     session.refresh(row)
@@ -69,8 +70,8 @@ def revoke_key(*, session: Session, key_id: str) -> ApiKey | None:
     return row
 
 
-def owner_of_key(*, session: Session, key: str) -> str | None:
-    """The owner of a valid (known, not revoked) key, else None. Records when it was last used."""
+def holder_of_key(*, session: Session, key: str) -> ApiKey | None:
+    """The row of a valid (known, not revoked) key, else None. Records when it was last used."""
     if not key.startswith(KEY_PREFIX):
         return None
     row = session.exec(select(ApiKey).where(ApiKey.key_hash == hash_key(key))).first()
@@ -82,7 +83,7 @@ def owner_of_key(*, session: Session, key: str) -> str | None:
         row.last_used_at = now
         session.add(row)
         session.commit()
-    return row.owner
+    return row
 
 
 def is_loopback(host: str) -> bool:

@@ -310,6 +310,8 @@ class ApiKey(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=32)  # public, also inside the key: tq_<id>_<secret>
     owner: str = Field(max_length=200, index=True)
     key_hash: str = Field(unique=True, max_length=64)  # sha256 hex of the whole key
+    # An admin's key sees and changes every owner's jobs (api.auth.Caller); its own jobs are its owner's.
+    admin: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     created_at: datetime = Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False))
     last_used_at: datetime | None = _timestamp()
     revoked_at: datetime | None = _timestamp()

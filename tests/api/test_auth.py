@@ -110,16 +110,9 @@ ROUTE_IDS = [
 ]
 
 
-@pytest.mark.parametrize(("method", "suffix", "extra"), JOB_ROUTES, ids=ROUTE_IDS)
-def test_another_owners_job_is_not_found(
-    app_client: TestClient,
-    alice: dict[str, str],
-    bob: dict[str, str],
-    body: dict[str, Any],
-    method: str,
-    suffix: str,
-    extra: dict[str, Any],
-) -> None:
+@pytest.fixture
+def alices_job(app_client: TestClient, alice: dict[str, str], body: dict[str, Any]) -> str:
+    """alice's job, with a log line recorded and its log stored as an artifact."""
     job_id = submit(app_client, alice, body)["id"]
     layout = RunLayout.for_job(get_settings(), job_id)
     layout.root.mkdir(parents=True)
@@ -131,12 +124,30 @@ def test_another_owners_job_is_not_found(
             session, job_id=uuid.UUID(job_id), files=[("train.log", stored)], kind=ArtifactKind.log, step=None
         )
         session.commit()
-    # alice's read is kept for GET /jobs/{id} (api.read_cache): bob still gets the 404.
+    # alice's read is kept for GET /jobs/{id} (api.read_cache): another owner still gets the 404.
     assert app_client.get(f"/jobs/{job_id}", headers=alice).status_code == 200
+    return job_id
 
-    headers = {**extra.get("headers", {})}
-    params = extra.get("params", {})
-    answer = app_client.request(method, f"/jobs/{job_id}{suffix}", headers={**headers, **bob}, params=params)
+
+def request_job_route(
+    client: TestClient, job_id: str, key: dict[str, str], route: tuple[str, str, dict[str, Any]]
+) -> Any:
+    method, suffix, extra = route
+    headers = {**extra.get("headers", {}), **key}
+    return client.request(method, f"/jobs/{job_id}{suffix}", headers=headers, params=extra.get("params", {}))
+
+
+@pytest.mark.parametrize("route", JOB_ROUTES, ids=ROUTE_IDS)
+def test_another_owners_job_is_not_found(
+    app_client: TestClient,
+    alices_job: str,
+    alice: dict[str, str],
+    bob: dict[str, str],
+    route: tuple[str, str, dict[str, Any]],
+) -> None:
+    job_id, (method, suffix, extra) = alices_job, route
+    headers, params = extra.get("headers", {}), extra.get("params", {})
+    answer = request_job_route(app_client, job_id, bob, route)
     assert answer.status_code == 404, answer.text
     assert answer.json() == {"detail": f"job {job_id} {MISSING}"}
     # Exactly as for a job that does not exist at all.
@@ -157,6 +168,42 @@ def test_another_owners_job_is_not_found(
             assert mine.content == b"alice's secret log line\n"
         else:
             assert mine.status_code == 200, mine.text
+
+
+@pytest.mark.parametrize("route", JOB_ROUTES, ids=ROUTE_IDS)
+def test_an_admins_key_reads_and_changes_every_owners_job(
+    app_client: TestClient, alices_job: str, alice: dict[str, str], route: tuple[str, str, dict[str, Any]]
+) -> None:
+    """`tuneq keys create --admin`: an operator's key sees alice's job as alice does (resume is
+    a 409: the job is queued, not paused)."""
+    with Session(get_engine()) as session:
+        admin = bearer(create_key(session=session, owner="ops", admin=True)[1])
+    _, suffix, extra = route
+    if "stream" in suffix or extra.get("params") or "text/event-stream" in str(extra.get("headers")):
+        app_client.post(f"/jobs/{alices_job}/cancel", headers=alice)  # so that the stream ends
+    answer = request_job_route(app_client, alices_job, admin, route)
+    assert answer.status_code == (409 if suffix == "/resume" else 200), answer.text
+
+
+def test_an_admin_lists_every_owners_jobs_and_narrows_them_by_owner(
+    app_client: TestClient, alice: dict[str, str], bob: dict[str, str], body: dict[str, Any]
+) -> None:
+    alices, bobs = submit(app_client, alice, body)["id"], submit(app_client, bob, body)["id"]
+    with Session(get_engine()) as session:
+        admin = bearer(create_key(session=session, owner="ops", admin=True)[1])
+    assert app_client.get("/me", headers=admin).json() == {"owner": "ops", "admin": True}
+    assert app_client.get("/me", headers=alice).json() == {"owner": "alice", "admin": False}
+    every = app_client.get("/jobs", headers=admin).json()
+    assert {j["id"] for j in every["data"]} == {alices, bobs} and every["count"] == 2
+    assert [j["id"] for j in app_client.get("/jobs", params={"owner": "bob"}, headers=admin).json()["data"]] == [bobs]
+    assert app_client.get("/jobs/lookup", params={"id_prefix": bobs[:8]}, headers=admin).json()["count"] == 1
+    # Any other key lists its own jobs; naming another owner is refused, saying which key may.
+    assert [j["id"] for j in app_client.get("/jobs", params={"owner": "alice"}, headers=alice).json()["data"]] == [
+        alices
+    ]
+    refused = app_client.get("/jobs", params={"owner": "bob"}, headers=alice)
+    assert refused.status_code == 403 and "--admin" in refused.json()["detail"], refused.text
+    assert app_client.get("/jobs/lookup", params={"id_prefix": bobs[:8]}, headers=alice).json()["count"] == 0
 
 
 def test_listing_shows_only_the_callers_jobs(
@@ -416,8 +463,11 @@ def test_keys_create_list_revoke(database_url: str, monkeypatch: pytest.MonkeyPa
     listed = tuneq("keys", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["ID", "OWNER", "CREATED", "LAST", "USED", "REVOKED"]
-    assert row.split()[:2] == [key_id, "dana"] and row.endswith("-") and key not in listed.stdout
+    assert header.split() == ["ID", "OWNER", "ADMIN", "CREATED", "LAST", "USED", "REVOKED"]
+    assert row.split()[:3] == [key_id, "dana", "-"] and row.endswith("-") and key not in listed.stdout
+    admin = tuneq("keys", "create", "--owner", "ops", "--admin", env=env)
+    assert admin.returncode == 0 and "an admin's key" in admin.stderr, admin.stderr
+    assert tuneq("keys", "list", env=env).stdout.splitlines()[2].split()[1:3] == ["ops", "yes"]
 
     # Keys looked up on every request: the CLI's revoke shows at once (within the default
     # TUNEQ_KEY_CACHE_SECONDS, as a revoked key is refused, is tested above).
@@ -427,7 +477,7 @@ def test_keys_create_list_revoke(database_url: str, monkeypatch: pytest.MonkeyPa
         revoked = tuneq("keys", "revoke", key_id, env=env)
         assert revoked.returncode == 0 and f"key {key_id} of owner dana is revoked" in revoked.stdout
         assert client.get("/jobs", headers=bearer(key)).status_code == 401
-    (row,) = tuneq("keys", "list", env=env).stdout.splitlines()[1:]
+    row = tuneq("keys", "list", env=env).stdout.splitlines()[1]
     assert row.split()[1] == "dana" and not row.endswith("-") and "UTC" in row  # last used and revoked
 
     unknown = tuneq("keys", "revoke", "nope", env=env)
@@ -474,7 +524,11 @@ def test_serve_off_loopback_requires_keys(tuneq_home: Path) -> None:
             answer = client.get("/jobs")
             assert answer.status_code == 401 and answer.headers["WWW-Authenticate"].startswith("Bearer")
             created = tuneq("keys", "create", "--owner", "erin", env=process_env())
-            assert client.get("/jobs", headers=bearer(created.stdout.strip())).json() == {"data": [], "count": 0}
+            assert client.get("/jobs", headers=bearer(created.stdout.strip())).json() == {
+                "data": [],
+                "count": 0,
+                "count_capped": False,
+            }
     finally:
         process.terminate()
         process.wait(timeout=30)

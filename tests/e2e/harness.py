@@ -82,10 +82,10 @@ class Tuneq:
                 timeout=120,
             )
 
-    def create_key(self, owner: str) -> str:
-        """``tuneq keys create --owner OWNER`` against this deployment's database: the key."""
+    def create_key(self, owner: str, *, admin: bool = False) -> str:
+        """``tuneq keys create --owner OWNER [--admin]`` against this deployment's database: the key."""
         created = subprocess.run(
-            [sys.executable, "-m", "cli.main", "keys", "create", "--owner", owner],
+            [sys.executable, "-m", "cli.main", "keys", "create", "--owner", owner, *(["--admin"] if admin else [])],
             env=self.env,
             capture_output=True,
             text=True,

@@ -395,6 +395,7 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         page.click("#key-form button")
         page.locator(f'#jobs-table tr[data-job-id="{job["id"]}"]').wait_for()
         assert page.locator("#key-form").count() == 0
+        assert page.locator("#filter-owner").count() == 0  # dana's key lists dana's jobs: no owner filter
 
         # The key is kept across reloads, and the metrics (read with fetch, which can send the
         # header) fill the charts of the finished job.
@@ -403,5 +404,20 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         page.wait_for_function("Number(document.querySelector('#loss-chart').dataset.points) === 3")
         assert points(page, "lr-chart") == 3
         assert page.locator("#key-form").count() == 0 and page.is_disabled("#cancel-button")
+
+        # An admin's key (`tuneq keys create --admin`) lists every owner's jobs, with their owner,
+        # and can narrow them to one owner.
+        page.evaluate("localStorage.clear()")
+        page.goto(f"http://127.0.0.1:{tuneq.port}/")
+        page.locator("#key-form").wait_for()
+        page.fill("#api-key", tuneq.create_key("ops", admin=True))
+        page.click("#key-form button")
+        row = page.locator(f'#jobs-table tr[data-job-id="{job["id"]}"]')
+        row.wait_for()
+        assert row.locator("td.owner").inner_text() == "dana"
+        page.fill("#filter-owner", "erin")
+        page.press("#filter-owner", "Enter")
+        page.locator("p.empty").wait_for()
+        assert "owner=erin" in page.url
     finally:
         tuneq.stop()
