@@ -154,7 +154,7 @@ def list_jobs(
 ) -> JobsPublic:
     """The caller's jobs (an admin's key: every owner's, or ``owner``'s), a page at a time
     (``skip``, ``limit``), newest first unless ``sort`` says otherwise; ``count`` is how many
-    match the filters in all, up to 10,000 with a ``model`` or ``name`` filter (``count_capped``:
+    match the filters in all, up to 1,000 with a ``model`` or ``name`` filter (``count_capped``:
     more match)."""
     query = jobs_service.JobListQuery(
         status=status,

@@ -64,7 +64,7 @@ export interface Caller {
 export interface JobsPage {
   data: Job[];
   count: number;
-  /** A model or name filter's count stops at 10,000: more match. */
+  /** A model or name filter's count stops at 1,000: more match. */
   count_capped: boolean;
 }
 
