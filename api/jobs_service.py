@@ -396,8 +396,10 @@ def resume_job(*, session: Session, job_id: uuid.UUID, settings: Settings) -> Jo
     return resumed
 
 
-def list_job_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) -> list[JobEvent]:
-    return list_events(session=session, job_id=job_id, after=after, limit=limit)
+def list_job_events(
+    *, session: Session, job_id: uuid.UUID, after: int, limit: int, types: Sequence[EventType] | None = None
+) -> list[JobEvent]:
+    return list_events(session=session, job_id=job_id, after=after, limit=limit, types=types)
 
 
 def get_job(*, session: Session, job_id: uuid.UUID, caller: Caller) -> Job | None:

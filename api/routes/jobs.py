@@ -30,6 +30,7 @@ from shared.db.models import (
     CheckpointsPublic,
     EventPublic,
     EventsPublic,
+    EventType,
     Job,
     JobPublic,
     JobsPublic,
@@ -360,13 +361,17 @@ def get_events(
         default=0, ge=0, le=SQL_INT_MAX, description="Return events with an id greater than this cursor"
     ),
     limit: int = Query(default=100, ge=1, le=1000),
+    type: Annotated[
+        list[EventType] | None,
+        Query(description="Only events of these types (repeat it: ?type=status&type=checkpoint); JSON answers only"),
+    ] = None,
     last_event_id: Annotated[int | None, Header(ge=0, le=SQL_INT_MAX)] = None,
 ) -> EventsPublic | EventSourceResponse:
     _job_or_404(session, job_id, caller)
     cursor = last_event_id if last_event_id is not None else after
     if "text/event-stream" in request.headers.get("accept", ""):
         return _sse(job_id, cursor)
-    rows = jobs_service.list_job_events(session=session, job_id=job_id, after=cursor, limit=limit)
+    rows = jobs_service.list_job_events(session=session, job_id=job_id, after=cursor, limit=limit, types=type)
     return EventsPublic(data=[EventPublic.model_validate(r) for r in rows], next_cursor=rows[-1].id if rows else None)
 
 

@@ -29,14 +29,15 @@ def channel(job_id: uuid.UUID | str) -> str:
     return f"{CHANNEL_PREFIX}{job_id}"
 
 
-def list_events(*, session: Session, job_id: uuid.UUID, after: int, limit: int) -> list[JobEvent]:
-    query = (
-        select(JobEvent)
-        .where(col(JobEvent.job_id) == job_id, col(JobEvent.id) > after)
-        .order_by(col(JobEvent.id))
-        .limit(limit)
-    )
-    return list(session.exec(query).all())
+def list_events(
+    *, session: Session, job_id: uuid.UUID, after: int, limit: int, types: Sequence[EventType] | None = None
+) -> list[JobEvent]:
+    """The job's events after the id ``after``, oldest first, at most ``limit``; of ``types`` only
+    when given (a page then skips the other types' ids)."""
+    query = select(JobEvent).where(col(JobEvent.job_id) == job_id, col(JobEvent.id) > after)
+    if types:
+        query = query.where(col(JobEvent.type).in_(types))
+    return list(session.exec(query.order_by(col(JobEvent.id)).limit(limit)).all())
 
 
 def newest_events(

@@ -417,6 +417,19 @@ def test_events_page_by_cursor_and_stream_ends_after_the_terminal_status(
     assert text.count("event: status") == 1 and "cancelled" in text
 
 
+def test_events_of_some_types_only(client: TestClient, body: dict[str, Any]) -> None:
+    """?type= (repeated): a timeline's events without the metrics and log lines between them."""
+    job_id = client.post("/jobs", json=body).json()["id"]
+    record_log_lines(job_id, "one", "two")
+    client.post(f"/jobs/{job_id}/cancel")
+    statuses = client.get(f"/jobs/{job_id}/events", params={"type": "status"}).json()
+    assert [e["data"]["status"] for e in statuses["data"]] == ["queued", "cancelled"]
+    both = client.get(f"/jobs/{job_id}/events", params=[("type", "status"), ("type", "log"), ("limit", "3")]).json()
+    assert [e["type"] for e in both["data"]] == ["status", "log", "log"]
+    refused = client.get(f"/jobs/{job_id}/events", params={"type": "metrics"})
+    assert refused.status_code == 422 and "type" in refused.text
+
+
 def test_logs_follow_streams_until_the_job_ends(client: TestClient, body: dict[str, Any]) -> None:
     job_id = client.post("/jobs", json=body).json()["id"]
     record_log_lines(job_id, "one", "two", "three")
