@@ -19,7 +19,7 @@ from api.metrics import RequestLatency, build_registry
 from api.nul_refusal import NulRefusal
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
-from api.routes import dashboard, health, jobs, workers
+from api.routes import dashboard, downloads, health, jobs, workers
 from api.server_stop import ServerStop, UnavailableWhileStopping
 from api.v1 import files as v1_files
 from api.v1 import fine_tuning as v1_fine_tuning
@@ -106,6 +106,7 @@ def create_app() -> FastAPI:
     # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).
     app.include_router(jobs.router)
     app.include_router(workers.router)
+    app.include_router(downloads.router)
     app.include_router(v1_files.router)
     app.include_router(v1_fine_tuning.router)
     app.include_router(v1_models.router)

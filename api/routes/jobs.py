@@ -15,6 +15,7 @@ from api import jobs_service, plan_service
 from api.artifact_download import serve_artifact
 from api.auth import Caller, CallerDep, OwnerDep
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
+from api.download_links import create_link
 from api.errors import BODY_ERRORS, NOT_FOUND, UNAUTHORIZED, error
 from api.jobs_service import JobAnswer
 from api.read_cache import ReadCache
@@ -28,6 +29,8 @@ from shared.db.models import (
     ArtifactsPublic,
     CheckpointPublic,
     CheckpointsPublic,
+    DownloadLinkCreate,
+    DownloadLinkPublic,
     EventPublic,
     EventsPublic,
     EventType,
@@ -338,6 +341,19 @@ def download_artifact(
     if artifact is None:
         raise HTTPException(status_code=404, detail=f"job {job_id} has no artifact {path!r}")
     return serve_artifact(artifact, settings=settings, range_header=range, if_range=if_range)
+
+
+@router.post("/{job_id}/downloads", response_model=DownloadLinkPublic, status_code=201, responses=NOT_FOUND)
+def create_download_link(
+    job_id: uuid.UUID, link_in: DownloadLinkCreate, session: SessionDep, caller: CallerDep
+) -> DownloadLinkPublic:
+    """A link to one of the job's files that needs no key for 10 minutes (``GET`` it, Range
+    included): what a browser or ``wget`` follows where it cannot send ``Authorization``."""
+    _job_or_404(session, job_id, caller)
+    if get_artifact(session=session, job_id=job_id, path=link_in.path) is None:
+        raise HTTPException(status_code=404, detail=f"job {job_id} has no artifact {link_in.path!r}")
+    token, expires_at = create_link(session=session, job_id=job_id, path=link_in.path, owner=caller.owner)
+    return DownloadLinkPublic(url=f"/downloads/{token}", expires_at=expires_at)
 
 
 def _sse(job_id: uuid.UUID, after: int) -> EventSourceResponse:

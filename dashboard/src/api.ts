@@ -149,18 +149,26 @@ export async function readLines(path: string, signal: AbortSignal, onLines: (lin
   }
 }
 
-/** Saves a response as a file: for downloads that need the Authorization header. */
-export async function downloadWithKey(path: string, filename: string): Promise<void> {
-  const response = await fetch(path, { headers: authHeaders() });
-  if (!response.ok) throw await errorOf(response);
-  saveBlob(await response.blob(), filename);
+function clickDownload(href: string, filename: string): void {
+  const link = document.createElement("a");
+  link.href = href;
+  link.download = filename;
+  link.click();
+}
+
+/** Downloads one of a job's files where the key must not be left out: through a 10-minute link
+ * (POST /jobs/{id}/downloads) the browser follows itself, straight to disk, however large. */
+export async function downloadThroughLink(jobId: string, path: string, filename: string): Promise<void> {
+  const link = await api<{ url: string }>(`/jobs/${jobId}/downloads`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ path }),
+  });
+  clickDownload(link.url, filename);
 }
 
 export function saveBlob(blob: Blob, filename: string): void {
   const url = URL.createObjectURL(blob);
-  const link = document.createElement("a");
-  link.href = url;
-  link.download = filename;
-  link.click();
+  clickDownload(url, filename);
   setTimeout(() => URL.revokeObjectURL(url), 10_000);
 }

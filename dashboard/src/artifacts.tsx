@@ -1,7 +1,7 @@
 // The job's files in the artifact store, a group per checkpoint (and the model, the log), each
 // file a download link through GET /jobs/<id>/artifacts/<path>.
 
-import { downloadWithKey, storedKey } from "./api";
+import { downloadThroughLink, storedKey } from "./api";
 import { bytes } from "./format";
 import type { Artifact } from "./types";
 
@@ -21,11 +21,11 @@ export function artifactUrl(jobId: string, path: string): string {
 function FileLink({ jobId, artifact }: { jobId: string; artifact: Artifact }) {
   const href = artifactUrl(jobId, artifact.path);
   const name = artifact.path.split("/").pop() ?? artifact.path;
-  // With auth on, a plain link cannot send the key: the file is fetched and saved instead.
+  // With auth on, a plain link cannot send the key: the browser follows a short-lived link instead.
   const click = (event: MouseEvent) => {
     if (!storedKey()) return;
     event.preventDefault();
-    void downloadWithKey(href, name);
+    void downloadThroughLink(jobId, artifact.path, name);
   };
   return (
     <a href={href} download={name} onClick={click}>

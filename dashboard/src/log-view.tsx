@@ -2,8 +2,7 @@
 // filtered by a search, and downloadable whole.
 
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
-import { api, downloadWithKey, isQuiet, message, readLines, saveBlob } from "./api";
-import { artifactUrl } from "./artifacts";
+import { api, downloadThroughLink, isQuiet, message, readLines, saveBlob } from "./api";
 import type { Artifact } from "./types";
 
 const TAIL = 1000; // lines read at first
@@ -43,7 +42,7 @@ export function LogView({ jobId, logArtifact }: { jobId: string; logArtifact: Ar
 
   const download = async () => {
     try {
-      if (logArtifact) return await downloadWithKey(artifactUrl(jobId, logArtifact.path), `${jobId}.log`);
+      if (logArtifact) return await downloadThroughLink(jobId, logArtifact.path, `${jobId}.log`);
       const answer = await api<{ lines: string[] }>(`/jobs/${jobId}/logs?tail=${WHOLE}`);
       saveBlob(new Blob([answer.lines.join("\n") + "\n"], { type: "text/plain" }), `${jobId}.log`);
     } catch (e) {

@@ -317,6 +317,28 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = _timestamp()
 
 
+class DownloadLink(SQLModel, table=True):
+    """A short-lived link to one of a job's artifacts (``POST /jobs/{id}/downloads``), for a
+    client that cannot send ``Authorization`` with a download; only the token's SHA-256 is kept."""
+
+    __tablename__ = "download_links"
+
+    token_hash: str = Field(primary_key=True, max_length=64)
+    job_id: uuid.UUID = Field(foreign_key="jobs.id", index=True)
+    path: str = Field(max_length=1000)
+    owner: str = Field(max_length=200)  # who made it (an admin's link names the admin)
+    expires_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False, index=True))
+
+
+class DownloadLinkCreate(SQLModel):
+    path: str = Field(min_length=1, max_length=1000, description="The file, as GET /jobs/{id}/artifacts lists it")
+
+
+class DownloadLinkPublic(SQLModel):
+    url: str  # relative to the API: GET it without a key, Range included, until expires_at
+    expires_at: datetime
+
+
 class FileBase(SQLModel):
     filename: str = Field(max_length=255)  # as the client named it; never a path anywhere
     purpose: str = Field(max_length=40)  # OpenAI's purpose; tuneq takes "fine-tune" only

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from shared.db.api_keys import create_key, is_loopback
 from shared.db.artifacts import publish_files
 from shared.db.engine import get_engine
 from shared.db.lifecycle import record_event
-from shared.db.models import ApiKey, ArtifactKind, EventType, Job
+from shared.db.models import ApiKey, ArtifactKind, DownloadLink, EventType, Job, utcnow
 from shared.jobs.run_layout import RunLayout
 from shared.ports import free_port
 from shared.settings import get_settings
@@ -586,3 +587,32 @@ def test_every_answer_gives_its_database_connection_back(
             answers.append(client.get(f"/jobs/{job_id}", headers=bearer("tq_nope_nope")).status_code)
         assert answers == [200, 404, 422, 200] + ([401] if auth == "on" else [])
         assert pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_a_download_link_serves_one_file_without_a_key_until_it_expires(
+    app_client: TestClient, alices_job: str, alice: dict[str, str], bob: dict[str, str]
+) -> None:
+    """What the dashboard's download links follow with keys on (a browser's link sends no key):
+    POST /jobs/{id}/downloads makes a 10-minute link to one file; GET it needs no key, and
+    resumes with Range."""
+    made = app_client.post(f"/jobs/{alices_job}/downloads", json={"path": "train.log"}, headers=alice)
+    assert made.status_code == 201, made.text
+    url = made.json()["url"]
+    assert url.startswith("/downloads/dl_") and made.json()["expires_at"]
+    assert app_client.get(url).content == b"alice's secret log line\n"
+    resumed = app_client.get(url, headers={"Range": "bytes=8-"})
+    assert resumed.status_code == 206 and resumed.content == b"secret log line\n"
+    # Another owner's job, a file the job does not have, a token nobody made: 404.
+    assert app_client.post(f"/jobs/{alices_job}/downloads", json={"path": "train.log"}, headers=bob).status_code == 404
+    missing = app_client.post(f"/jobs/{alices_job}/downloads", json={"path": "nope.bin"}, headers=alice)
+    assert missing.status_code == 404 and "nope.bin" in missing.text
+    assert app_client.get("/downloads/dl_madeup").status_code == 404
+    assert app_client.post(f"/jobs/{alices_job}/downloads", json={"path": "train.log"}).status_code == 401
+    # Expired: refused, saying how to get another.
+    with Session(get_engine()) as session:
+        for link in session.exec(select(DownloadLink)).all():
+            link.expires_at = utcnow() - timedelta(seconds=1)
+            session.add(link)
+        session.commit()
+    expired = app_client.get(url)
+    assert expired.status_code == 404 and "expired" in expired.json()["detail"]

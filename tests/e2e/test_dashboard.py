@@ -404,6 +404,15 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         page.wait_for_function("Number(document.querySelector('#loss-chart').dataset.points) === 3")
         assert points(page, "lr-chart") == 3
         assert page.locator("#key-form").count() == 0 and page.is_disabled("#cancel-button")
+        # A file's link cannot send the key: the page makes a 10-minute link (POST
+        # /jobs/{id}/downloads) that the browser downloads straight to disk.
+        page.locator("#artifacts li").first.wait_for()
+        page.locator('#artifacts li[data-group="log"] summary').click()
+        with page.expect_download() as download:
+            page.locator('#artifacts li[data-group="log"] a').first.click()
+        saved = Path(download.value.path())
+        assert download.value.url.startswith(f"http://127.0.0.1:{tuneq.port}/downloads/dl_")
+        assert "rank0" in saved.read_text(errors="replace")  # the job's log, as the ranks wrote it
 
         # An admin's key (`tuneq keys create --admin`) lists every owner's jobs, with their owner,
         # and can narrow them to one owner.
