@@ -65,7 +65,7 @@ export function LogView({ jobId, logArtifact }: { jobId: string; logArtifact: Ar
         </button>
       </div>
       {error && <p class="error">{error}</p>}
-      <pre id="log" class="log" ref={box} onScroll={onScroll} tabIndex={0} aria-label="Job log">
+      <pre id="log" class="log" role="log" ref={box} onScroll={onScroll} tabIndex={0} aria-label="Job log">
         {shown.join("\n")}
       </pre>
     </section>

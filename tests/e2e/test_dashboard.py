@@ -430,3 +430,83 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         assert "owner=erin" in page.url
     finally:
         tuneq.stop()
+
+
+def test_a_dpo_gangs_page_charts_its_rewards_and_lists_its_nodes(
+    chromium: Any, axe_source: str, tuneq_home: Path
+) -> None:
+    """A finished two-node DPO job, written to the service's database as its workers would have
+    (the DPO and multi-node paths themselves run in tests/e2e/test_dpo.py and test_multi_node.py):
+    its page draws the reward and reward-accuracy charts and lists the nodes with their ranks."""
+    from sqlalchemy import create_engine
+    from sqlmodel import Session
+
+    from shared.db.models import Job, JobMetric, JobNode, NodeState, utcnow
+    from shared.jobs.status import JobStatus
+
+    tuneq = Tuneq(home=tuneq_home).start()
+    engine = create_engine(f"sqlite:///{tuneq.home / 'tuneq.sqlite'}")
+    now = utcnow()
+    job = Job(
+        name="dpo-gang",
+        model="/models/tiny",
+        dataset="/data/pairs.jsonl",
+        deepspeed_config=seed_config(fp16=False),
+        num_gpus=1,
+        num_nodes=2,
+        training={"method": "dpo", "max_steps": 6},
+        status=JobStatus.succeeded,
+        attempts=1,
+        step=6,
+        total_steps=6,
+    )
+    rows: list[Any] = [
+        JobMetric(
+            job_id=job.id,
+            step=step,
+            time=now,
+            loss=0.69 - 0.05 * step,
+            learning_rate=1e-5,
+            rewards_chosen=0.1 * step,
+            rewards_rejected=-0.1 * step,
+            rewards_margins=0.2 * step,
+            rewards_accuracies=min(1.0, 0.5 + 0.1 * step),
+        )
+        for step in range(1, 7)
+    ]
+    rows += [
+        JobNode(
+            job_id=job.id,
+            attempt=1,
+            node_rank=rank,
+            worker_id=f"host-{rank}",
+            address=f"10.0.0.{rank + 1}",
+            port=29500 if rank == 0 else None,
+            state=NodeState.finished,
+            lease_expires_at=now,
+        )
+        for rank in (0, 1)
+    ]
+    job_id = job.id
+    with Session(engine) as session:
+        session.add(job)
+        session.commit()
+        session.add_all(rows)
+        session.commit()
+    engine.dispose()
+    watched = Watched(chromium, DESKTOP, f"http://127.0.0.1:{tuneq.port}")
+    try:
+        page = watched.open(f"#/jobs/{job_id}")
+        page.wait_for_function("document.querySelector('#job-status')?.textContent === 'succeeded'")
+        # Each chart's points, over its series: chosen, rejected and margins; the training accuracy.
+        page.wait_for_function("Number(document.querySelector('#rewards-chart')?.dataset.points) === 18")
+        assert points(page, "accuracy-chart") == 6
+        nodes = page.locator("#nodes-table tbody tr")
+        assert nodes.count() == 2
+        assert "host-1" in nodes.nth(1).inner_text() and "10.0.0.2" in nodes.nth(1).inner_text()
+        check_accessible(page, axe_source, "a DPO gang's page")
+        screenshot(page, "job-dpo-gang")
+        assert watched.errors == [], json.dumps(watched.errors, indent=1)
+    finally:
+        watched.close()
+        tuneq.stop()
