@@ -19,6 +19,7 @@ from api.metrics import RequestLatency, build_registry
 from api.nul_refusal import NulRefusal
 from api.plan_service import shutdown_plan_executor
 from api.read_cache import ReadCache
+from api.request_ids import add_request_ids
 from api.routes import dashboard, downloads, health, jobs, workers
 from api.server_stop import ServerStop, UnavailableWhileStopping
 from api.v1 import files as v1_files
@@ -101,7 +102,8 @@ def create_app() -> FastAPI:
     # the stop's grace cuts off, rather than a dropped connection.
     app.state.server_stop = ServerStop()
     app.add_middleware(UnavailableWhileStopping, stop=app.state.server_stop)
-    app.add_middleware(RequestLatency, histogram=latency)  # outermost: times 413s and 503s too
+    app.add_middleware(RequestLatency, histogram=latency)  # times 413s and 503s too
+    add_request_ids(app)  # outermost: every answer has an X-Request-ID
     # The job routes first: a request is matched against the routers in this order, and polls
     # of /jobs/... far outnumber probes of /healthz, /readyz and /metrics (paths do not overlap).
     app.include_router(jobs.router)

@@ -131,7 +131,7 @@ def _api_process(listening: socket.socket, host: str, port: int, counts: Any, in
     _stop_with_supervisor(supervisor)
     from shared.logging_config import configure_logging
 
-    configure_logging(get_settings())
+    configure_logging(get_settings(), request_ids=True)
     from api.main import app
 
     app.state.job_cache.share_changes(ProcessChanges(counts, index))

@@ -30,8 +30,9 @@ logger = logging.getLogger("tuneq")
 STOP_TIMEOUT_SECONDS = 30.0
 
 
-def _configure_logging() -> None:
-    """First step of every server command, so a bad setting stops it with a plain message."""
+def _configure_logging(*, request_ids: bool = False) -> None:
+    """First step of every server command, so a bad setting stops it with a plain message
+    (``request_ids``: the API's, whose lines say which request they are about)."""
     from pydantic import ValidationError
 
     from shared.logging_config import configure_logging
@@ -43,7 +44,7 @@ def _configure_logging() -> None:
             name = "TUNEQ_" + "_".join(str(part) for part in error["loc"]).upper()
             typer.echo(f"tuneq: {name}={error.get('input')!r}: {error['msg']}", err=True)
         raise typer.Exit(2) from None
-    configure_logging(settings)
+    configure_logging(settings, request_ids=request_ids)
 
 
 def _prepare_database() -> None:
@@ -114,7 +115,7 @@ def serve(
     ),
 ) -> None:
     """Run the HTTP API (uvicorn). Off loopback it requires API keys (TUNEQ_AUTH)."""
-    _configure_logging()
+    _configure_logging(request_ids=True)
     _resolve_auth(host)
     _prepare_database()
     _check_artifact_store()

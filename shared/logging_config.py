@@ -10,6 +10,8 @@ from pythonjsonlogger.json import JsonFormatter
 from shared.settings import Settings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# An API process's lines say which request they are about (api.request_ids; "-": none).
+API_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(correlation_id)s]: %(message)s"
 
 
 class DeepSpeedAcceleratorGuess(logging.Filter):
@@ -24,7 +26,7 @@ class DeepSpeedAcceleratorGuess(logging.Filter):
         return not str(record.msg).startswith("Setting accelerator to CPU.")
 
 
-def log_formatter(log_format: str) -> logging.Formatter:
+def log_formatter(log_format: str, *, request_ids: bool = False) -> logging.Formatter:
     if log_format == "json":
         # One object per line; `extra={...}` fields (job_id, worker) become keys of their own,
         # so a collector can filter on them without parsing the message.
@@ -33,12 +35,18 @@ def log_formatter(log_format: str) -> logging.Formatter:
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
             timestamp=False,
         )
-    return logging.Formatter(TEXT_FORMAT)
+    return logging.Formatter(API_TEXT_FORMAT if request_ids else TEXT_FORMAT)
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: Settings, *, request_ids: bool = False) -> None:
+    """``request_ids``: an API process's, whose lines carry the request's id (in JSON, the key
+    ``correlation_id``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(log_formatter(settings.log_format))
+    handler.setFormatter(log_formatter(settings.log_format, request_ids=request_ids))
+    if request_ids:
+        from asgi_correlation_id import CorrelationIdFilter
+
+        handler.addFilter(CorrelationIdFilter(default_value="-"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)
