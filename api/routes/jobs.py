@@ -53,7 +53,7 @@ from shared.settings import get_settings
 # cached GET /jobs/{id}; tests/api/test_auth.py checks that every route asks for the key.
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute, responses=UNAUTHORIZED)
 
-RETRY_AFTER_SECONDS = 30  # after a 429 for too many active jobs
+RETRY_AFTER_SECONDS = jobs_service.ActiveJobLimitError.RETRY_AFTER_SECONDS  # after a 429 for too many active jobs
 # Offsets and event cursors are bound as SQL INTEGERs, 32 bits on Postgres (event ids are an INTEGER
 # primary key, so no cursor is larger): a larger value is a 422 naming the parameter, not a 500.
 SQL_INT_MAX = 2**31 - 1

@@ -48,13 +48,40 @@ def error(description: str) -> dict[str, Any]:
     return {"model": OpenAIErrorPublic, "description": description}
 
 
+# Each refusal's code when the raise names none: stable per kind, so a client can branch on
+# ``error.code`` (the SDK's ``BadRequestError.code``) as it can on OpenAI's.
+DEFAULT_CODES = {
+    400: "invalid_value",
+    401: "invalid_api_key",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "request_too_large",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    503: "service_unavailable",
+}
+# A validation problem's code by pydantic's error type (the rest are invalid_value).
+_VALIDATION_CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+_TYPE_ERRORS = ("_type", "_parsing")  # int_type, string_type, dict_type, int_parsing, ...
+
+
 def envelope(status_code: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error body. The type follows the status as OpenAI's does: a 401 is
-    ``invalid_request_error`` with code ``invalid_api_key``, a 5xx is ``server_error``."""
+    """OpenAI's error body. The type follows the status as OpenAI's does: a 5xx is
+    ``server_error``, the rest ``invalid_request_error``; ``code`` is the raise's, else the
+    status's (``DEFAULT_CODES``: a 401 is ``invalid_api_key``)."""
     kind = "server_error" if status_code >= 500 else "invalid_request_error"
-    if status_code == 401 and code is None:
-        code = "invalid_api_key"
+    code = code or DEFAULT_CODES.get(status_code, "server_error" if status_code >= 500 else "invalid_request")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_code(error_type: str) -> str:
+    """The code of one validation problem: a missing or unknown parameter, a value of the wrong
+    type, or a value out of bounds (``invalid_value``)."""
+    if error_type in _VALIDATION_CODES:
+        return _VALIDATION_CODES[error_type]
+    return "invalid_type" if error_type.endswith(_TYPE_ERRORS) else "invalid_value"
 
 
 class OpenAIHTTPException(HTTPException):
@@ -79,15 +106,17 @@ class OpenAIRequestError(Exception):
     OpenAI's API would, ``status_code`` is the answer's (400 unless said). The handler
     ``install_error_handlers`` adds answers it in OpenAI's envelope, so routes need not catch it."""
 
-    def __init__(self, message: str, *, param: str | None, status_code: int = 400) -> None:
+    def __init__(self, message: str, *, param: str | None, status_code: int = 400, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.status_code = status_code
+        self.code = code
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, OpenAIRequestError)
-    return JSONResponse(envelope(exc.status_code, str(exc), param=exc.param), status_code=exc.status_code)
+    body = envelope(exc.status_code, str(exc), param=exc.param, code=exc.code)
+    return JSONResponse(body, status_code=exc.status_code)
 
 
 def _http_error_handler(openai_routes: Sequence[BaseRoute]) -> Callable[[Request, Exception], Awaitable[Response]]:
@@ -137,7 +166,8 @@ async def validation_error_response(request: Request, exc: Exception) -> Respons
     # The parameter's path as OpenAI names one: "method.supervised.hyperparameters.n_epochs".
     param = ".".join(loc[1:]) or None
     message = f"{place} {param}: {first.get('msg', 'is not valid')}" if param else first.get("msg", "")
-    return JSONResponse(envelope(400, message, param=param), status_code=400)
+    code = validation_code(str(first.get("type", "")))
+    return JSONResponse(envelope(400, message, param=param, code=code), status_code=400)
 
 
 def install_error_handlers(app: FastAPI, *, openai_routers: Sequence[APIRouter]) -> None:

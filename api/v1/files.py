@@ -18,6 +18,7 @@ from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.errors import Responses
 from api.v1 import files_service
 from api.v1.errors import PREFIX, OpenAIHTTPException, error
+from api.v1.pages import After
 from shared.db.models import File as FileRow
 from shared.db.models import FileDeletedPublic, FileListPublic, FilePublic
 
@@ -83,7 +84,7 @@ def list_files(
     purpose: Annotated[str | None, Query(description="Only files with this purpose")] = None,
     limit: Annotated[int, Query(ge=1, le=files_service.MAX_LIST_LIMIT)] = files_service.MAX_LIST_LIMIT,
     order: Annotated[files_service.Order, Query(description="By created_at")] = "desc",
-    after: Annotated[str | None, Query(description="The last_id of the page before")] = None,
+    after: After = None,
 ) -> FileListPublic:
     try:
         return files_service.list_files(

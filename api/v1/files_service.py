@@ -144,7 +144,7 @@ def list_files(
     query = select(File).where(File.owner == owner)
     if purpose is not None:
         if purpose not in LISTED_PURPOSES:
-            return FileListPublic(data=[], first_id=None, last_id=None, has_more=False)
+            return FileListPublic(data=[], first_id="", last_id="", has_more=False)
         query = query.where(File.purpose == purpose)
     if after is not None:
         cursor = get_file(session=session, file_id=after, owner=owner)
@@ -163,8 +163,8 @@ def list_files(
     page = [FilePublic.from_file(r) for r in rows[:limit]]
     return FileListPublic(
         data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
+        first_id=page[0].id if page else "",
+        last_id=page[-1].id if page else "",
         has_more=len(rows) > limit,
     )
 

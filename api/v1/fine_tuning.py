@@ -29,6 +29,7 @@ from api.v1.fine_tuning_objects import (
     FineTuningJobListPublic,
     FineTuningJobPublic,
 )
+from api.v1.pages import After
 from shared.db.lifecycle import JobStateError
 from shared.db.models import Job
 
@@ -41,7 +42,8 @@ router = APIRouter(
 
 NOT_FOUND: Responses = {404: error("No such job (or one of another owner)")}
 Limit = Annotated[int, Query(ge=1, le=service.MAX_LIST_LIMIT, description="Items on one page")]
-After = Annotated[str | None, Query(max_length=200, description="The id of the last item of the page before")]
+# The SDK waits this long before its retry of a 429, as a native client does.
+_RETRY_AFTER = {"Retry-After": str(jobs_service.ActiveJobLimitError.RETRY_AFTER_SECONDS)}
 
 
 def _job_or_404(session: Session, fine_tuning_job_id: str, owner: str) -> Job:
@@ -84,9 +86,9 @@ def create_fine_tuning_job(
             session=session, settings=settings, owner=owner, request=body, idempotency_key=idempotency_key
         )
     except jobs_service.IdempotencyConflictError as e:
-        raise OpenAIHTTPException(409, str(e), param="Idempotency-Key") from None
+        raise OpenAIHTTPException(409, str(e), param="Idempotency-Key", code="idempotency_key_reused") from None
     except jobs_service.ActiveJobLimitError as e:
-        raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded") from None
+        raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded", headers=_RETRY_AFTER) from None
     return service.fine_tuning_job_public(job, session=session)
 
 
@@ -114,19 +116,32 @@ def retrieve_fine_tuning_job(fine_tuning_job_id: str, session: ReadSessionDep, o
     return service.fine_tuning_job_public(_job_or_404(session, fine_tuning_job_id, owner), session=session)
 
 
+# Which jobs each change applies to, in /v1's terms (the native API's messages name its routes).
+_APPLIES_TO = {
+    "cancel": "only a queued, running or paused job can be cancelled",
+    "pause": "only a queued or running job can be paused",
+    "resume": "only a paused job can be resumed (POST /v1/fine_tuning/jobs/{id}/pause pauses a queued or running one)",
+}
+
+
 def _change_job(
-    request: Request, session: Session, fine_tuning_job_id: str, owner: str, change: Callable[[Job], Job]
+    request: Request, session: Session, fine_tuning_job_id: str, owner: str, action: str, change: Callable[[Job], Job]
 ) -> FineTuningJobPublic:
-    """A request that changes the caller's job (cancel, pause, resume), as the native routes
-    do: 404 for another owner's job, 409 for a status it does not apply to, 429 for a resume past
-    the owner's active-job limit; the native GET /jobs/{id} sees the change at once."""
+    """A request that changes the caller's job (cancel, pause, resume: ``action``), as the native
+    routes do: 404 for another owner's job, 409 for a status it does not apply to, 429 for a
+    resume past the owner's active-job limit; the native GET /jobs/{id} sees the change at once."""
     job = _job_or_404(session, fine_tuning_job_id, owner)
     try:
         job = change(job)
-    except JobStateError as e:
-        raise OpenAIHTTPException(409, str(e), param="id") from None
+    except JobStateError:
+        session.refresh(job)
+        status = service.fine_tuning_status(job)
+        applies_to = _APPLIES_TO[action].replace("{id}", fine_tuning_job_id)
+        raise OpenAIHTTPException(
+            409, f"fine-tuning job {fine_tuning_job_id} is {status}; {applies_to}", param="id", code="invalid_state"
+        ) from None
     except jobs_service.ActiveJobLimitError as e:
-        raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded") from None
+        raise OpenAIHTTPException(429, str(e), code="rate_limit_exceeded", headers=_RETRY_AFTER) from None
     request.app.state.job_cache.forget(job.id)
     return service.fine_tuning_job_public(job, session=session)
 
@@ -141,7 +156,12 @@ def cancel_fine_tuning_job(
 ) -> FineTuningJobPublic:
     """A queued or paused job is cancelled at once; a running one stops within the grace period."""
     return _change_job(
-        request, session, fine_tuning_job_id, owner, lambda job: jobs_service.cancel_job(session=session, job_id=job.id)
+        request,
+        session,
+        fine_tuning_job_id,
+        owner,
+        "cancel",
+        lambda job: jobs_service.cancel_job(session=session, job_id=job.id),
     )
 
 
@@ -156,7 +176,12 @@ def pause_fine_tuning_job(
     """A running job saves a checkpoint at its next step and stops, freeing its worker; a queued
     one is paused at once."""
     return _change_job(
-        request, session, fine_tuning_job_id, owner, lambda job: jobs_service.pause_job(session=session, job_id=job.id)
+        request,
+        session,
+        fine_tuning_job_id,
+        owner,
+        "pause",
+        lambda job: jobs_service.pause_job(session=session, job_id=job.id),
     )
 
 
@@ -178,6 +203,7 @@ def resume_fine_tuning_job(
         session,
         fine_tuning_job_id,
         owner,
+        "resume",
         lambda job: jobs_service.resume_job(session=session, job_id=job.id, settings=settings),
     )
 

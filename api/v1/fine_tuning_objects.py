@@ -25,6 +25,11 @@ _ANSWER = ConfigDict(json_schema_serialization_defaults_required=True)
 _REQUEST = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def _left_out_when_none() -> Any:
+    """A field OpenAI's schema gives a value or leaves out, never null."""
+    return Field(default=None, exclude_if=lambda value: value is None)
+
+
 # ---- the request -------------------------------------------------------------------------
 
 
@@ -115,7 +120,7 @@ class FineTuningJobCreate(BaseModel):
         pattern=r"^[A-Za-z0-9._-]*$",
         description="Part of fine_tuned_model's name: letters, digits, '.', '_' and '-'.",
     )
-    seed: StrictInt | None = Field(default=None, ge=0, le=2**32 - 1, description="Chosen at random when left out.")
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1, description="Chosen at random when left out.")
     metadata: dict[str, str] | None = Field(default=None, description="Up to 16 pairs, to find the job by later.")
     integrations: list[dict[str, Any]] | None = Field(default=None, description="Not supported yet: leave it out.")
 
@@ -229,7 +234,7 @@ class FineTuningJobEventPublic(BaseModel):
     level: Literal["info", "warn", "error"]
     message: str
     type: Literal["message", "metrics"]
-    data: dict[str, Any] | None
+    data: dict[str, Any] | None = _left_out_when_none()
 
 
 class FineTuningJobEventListPublic(BaseModel):
@@ -243,9 +248,9 @@ class FineTuningJobEventListPublic(BaseModel):
 class CheckpointMetrics(BaseModel):
     model_config = _ANSWER
 
-    step: float | None
-    train_loss: float | None
-    valid_loss: float | None
+    step: float | None = _left_out_when_none()
+    train_loss: float | None = _left_out_when_none()
+    valid_loss: float | None = _left_out_when_none()
 
 
 class FineTuningJobCheckpointPublic(BaseModel):

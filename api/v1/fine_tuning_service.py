@@ -62,7 +62,7 @@ from api.v1.hyperparameters import (
 )
 from api.v1.pages import past_cursor
 from shared.data.preference import EXAMPLES as PREFERENCE_EXAMPLES
-from shared.data.uploaded_files import check_uploaded_file, uploaded_file_path
+from shared.data.uploaded_files import UPLOAD_PURPOSE, check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
 from shared.jobs.model_source import checkpoint_name, names_a_job
@@ -208,12 +208,22 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
 
 
 def _owners_file(session: Session, file_id: str, owner: str, param: str) -> File:
+    """The owner's uploaded file to train on; a results file (a job's ``result_files``), as
+    OpenAI does, is refused here rather than failing the job at its first line."""
     file = get_file(session=session, file_id=file_id, owner=owner)
     if file is None:
         raise FineTuningRequestError(
             f"{param}: no file {file_id!r} of yours: upload it with POST /v1/files (purpose 'fine-tune') and "
             "give its id",
             param=param,
+            code="file_not_found",
+        )
+    if file.purpose != UPLOAD_PURPOSE:
+        raise FineTuningRequestError(
+            f"{param}: file {file_id} has purpose {file.purpose!r} (a job's results), not 'fine-tune': upload the "
+            "data to train on with POST /v1/files (purpose 'fine-tune') and give its id",
+            param=param,
+            code="invalid_file_purpose",
         )
     return file
 
@@ -261,7 +271,7 @@ def _base_model(session: Session, model: str, owner: str) -> str:
     try:
         return model_source(session=session, model=model, owner=owner).base_model
     except ModelNotNamed as e:
-        raise FineTuningRequestError(str(e), param="model") from None
+        raise FineTuningRequestError(str(e), param="model", code="model_not_found") from None
 
 
 def _gpus_per_job(*, session: Session, settings: Settings) -> int:

@@ -4,10 +4,25 @@ holds the items past it in the list's order (by creation time, ties by id)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Query
+from pydantic import BeforeValidator, StringConstraints
 from sqlalchemy import and_, or_
 from sqlalchemy.sql.elements import ColumnElement
+
+
+def _absent_when_empty(value: object) -> object:
+    return None if value == "" else value
+
+
+# A list's ``after``: an empty one (``?after=``, as a client with no cursor yet may send it) is
+# no cursor, as OpenAI takes it.
+After = Annotated[
+    Annotated[str, StringConstraints(max_length=200)] | None,
+    BeforeValidator(_absent_when_empty),
+    Query(description="The id of the last item of the page before (empty: the first page)"),
+]
 
 
 def past_cursor(

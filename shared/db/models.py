@@ -577,8 +577,8 @@ class FilePublic(FileBase):
     created_at: int  # Unix seconds, as OpenAI gives every time
     # Deprecated by OpenAI; a file tuneq keeps was checked whole at upload, so always "processed".
     status: Literal["processed"] = "processed"
-    expires_at: int | None = None  # tuneq's files do not expire
-    status_details: str | None = None
+    # No expires_at (tuneq's files do not expire) nor status_details: OpenAI's schema lets a
+    # file leave them out, and has no null for them.
 
     @classmethod
     def from_file(cls, file: File) -> FilePublic:
@@ -593,8 +593,9 @@ class FileListPublic(SQLModel):
 
     object: Literal["list"] = "list"
     data: list[FilePublic]
-    first_id: str | None
-    last_id: str | None
+    # The page's first and last ids; "" on an empty page: OpenAI's schema has a string, never null.
+    first_id: str
+    last_id: str
     has_more: bool
 
 

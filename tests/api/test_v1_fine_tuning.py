@@ -447,7 +447,7 @@ def test_a_running_job_s_metrics_checkpoints_and_outcome_read_as_openai_s(client
         checkpoints = client.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()
         assert [c["step_number"] for c in checkpoints["data"]] == [4, 2]  # resumable ones, newest first
         second = checkpoints["data"][1]
-        assert second["metrics"] == {"step": 2.0, "train_loss": 2.0, "valid_loss": None}
+        assert second["metrics"] == {"step": 2.0, "train_loss": 2.0}  # no validation file: no valid_loss (never null)
         assert second["fine_tuning_job_id"] == job["id"] and second["object"] == "fine_tuning.job.checkpoint"
         assert second["fine_tuned_model_checkpoint"] == f"ft:model:local:s1:{job_id.hex[:12]}:ckpt-step-2"
         after = client.get(
@@ -613,3 +613,77 @@ def test_a_dpo_jobs_reference_pass_is_listed_as_messages(client: TestClient, mod
         ("message", "Computing reference log-probabilities: 96/96 pairs", {"done": 96, "total": 96}),
         ("message", "Computing reference log-probabilities: 40/96 pairs", {"done": 40, "total": 96}),
     ]
+
+
+# ---- OpenAI's contract (issue 44, part 4) --------------------------------------------------------
+
+
+def test_refusals_carry_a_stable_code_per_kind(client: TestClient, model_dir: Path) -> None:
+    """The SDK's BadRequestError.code: what kind of refusal it is, as OpenAI's errors say."""
+    training_file = upload(client)
+    cases = [
+        ({"training_file": training_file}, "model", "missing_required_parameter"),
+        ({"model": str(model_dir), "training_file": training_file, "n_epoch": 2}, "n_epoch", "unknown_parameter"),
+        ({"model": str(model_dir), "training_file": training_file, "seed": "7"}, "seed", "invalid_type"),
+        ({"model": str(model_dir), "training_file": training_file, "seed": 2**31}, "seed", "invalid_value"),
+        ({"model": str(model_dir), "training_file": "file-nope"}, "training_file", "file_not_found"),
+    ]
+    for body, param, code in cases:
+        refused = error_of(create(client, **body), 400)
+        assert (refused["param"], refused["code"]) == (param, code), (body, refused)
+    assert create(client, model=str(model_dir), training_file=training_file, seed=2**31 - 1).status_code == 200
+    assert error_of(client.get("/v1/fine_tuning/jobs/ftjob-nope"), 404)["code"] == "not_found"
+
+
+def test_a_results_file_is_refused_as_training_data(client: TestClient, model_dir: Path) -> None:
+    """A job's results file (purpose fine-tune-results) is not data to train on: refused at
+    create, as OpenAI does, rather than failing the job at line 1 with no param."""
+    with Session(get_engine()) as session:
+        session.add(
+            File(
+                id="file-results00000000000000000",
+                owner="local",
+                sha256="0" * 64,
+                filename="step_metrics.csv",
+                purpose="fine-tune-results",
+                bytes=10,
+            )
+        )
+        session.commit()
+    before = job_rows()
+    refused = error_of(create(client, model=str(model_dir), training_file="file-results00000000000000000"), 400)
+    assert (refused["param"], refused["code"]) == ("training_file", "invalid_file_purpose")
+    assert "fine-tune-results" in refused["message"] and job_rows() == before
+    native = client.post("/jobs", json={"model": str(model_dir), "dataset": "file-results00000000000000000"})
+    assert native.status_code == 422 and "a job's results" in native.text, native.text
+    assert job_rows() == before
+
+
+def test_a_429_says_when_to_retry_and_a_409_speaks_v1(
+    client: TestClient, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("TUNEQ_MAX_ACTIVE_JOBS_PER_OWNER", "1")
+    get_settings.cache_clear()
+    training_file = upload(client)
+    first = create(client, model=str(model_dir), training_file=training_file).json()
+    refused = create(client, model=str(model_dir), training_file=training_file)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "30", refused.text
+    assert error_of(refused, 429)["code"] == "rate_limit_exceeded"
+    # A resume of a job that is not paused: the message names /v1's status and route, not the native ones.
+    conflict = error_of(client.post(f"/v1/fine_tuning/jobs/{first['id']}/resume"), 409)
+    assert conflict["message"].startswith(f"fine-tuning job {first['id']} is queued; only a paused job")
+    assert (
+        f"/v1/fine_tuning/jobs/{first['id']}/pause" in conflict["message"] and "POST /jobs/" not in conflict["message"]
+    )
+    assert conflict["code"] == "invalid_state"
+
+
+def test_an_empty_after_is_the_first_page_and_a_message_event_has_no_null_data(
+    client: TestClient, model_dir: Path
+) -> None:
+    job = create(client, model=str(model_dir), training_file=upload(client)).json()
+    assert [j["id"] for j in client.get("/v1/fine_tuning/jobs", params={"after": ""}).json()["data"]] == [job["id"]]
+    events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"after": ""}).json()["data"]
+    assert events and all("data" not in e or e["data"] is not None for e in events), events
