@@ -292,6 +292,16 @@ class ModelPublic(BaseModel):
     owned_by: str  # "system" for a base model, the owner for a fine-tuned one
 
 
+class ModelDeletedPublic(BaseModel):
+    """OpenAI's answer to a model's delete (the SDK's ``openai.types.ModelDeleted``)."""
+
+    model_config = _ANSWER
+
+    id: str
+    object: Literal["model"] = "model"
+    deleted: bool
+
+
 class ModelListPublic(BaseModel):
     model_config = _ANSWER
 

@@ -1,7 +1,8 @@
 """OpenAI's models at ``/v1/models``: thin routes over ``api.v1.models_service``.
 
-What the SDK's ``client.models`` calls: ``list`` and ``retrieve``. A model id may hold slashes
-(a hub id, a local directory), so ``retrieve`` takes the rest of the path.
+What the SDK's ``client.models`` calls: ``list``, ``retrieve`` and ``delete`` (a fine-tuned
+model). A model id may hold slashes (a hub id, a local directory), so ``retrieve`` and ``delete``
+take the rest of the path.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.auth import OwnerDep
-from api.deps import ReadSessionDep, SettingsDep
+from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.v1 import models_service
 from api.v1.errors import PREFIX, OpenAIHTTPException, error
-from api.v1.fine_tuning_objects import ModelListPublic, ModelPublic
+from api.v1.fine_tuning_objects import ModelDeletedPublic, ModelListPublic, ModelPublic
 
 router = APIRouter(
     prefix=f"{PREFIX}/models",
@@ -35,3 +36,17 @@ def retrieve_model(model: str, session: ReadSessionDep, settings: SettingsDep, o
             404, f"The model {model!r} does not exist or you do not have access to it", param="model"
         )
     return found
+
+
+@router.delete(
+    "/{model:path}",
+    response_model=ModelDeletedPublic,
+    responses={403: error("A base model"), 404: error("No such fine-tuned model (or another owner's)")},
+)
+def delete_model(model: str, session: SessionDep, settings: SettingsDep, owner: OwnerDep) -> ModelDeletedPublic:
+    """Delete one of the caller's fine-tuned models: its exported files go, and it leaves the list."""
+    try:
+        models_service.delete_fine_tuned_model(session=session, settings=settings, owner=owner, model=model)
+    except models_service.ModelNotDeletable as e:
+        raise OpenAIHTTPException(e.status_code, str(e), param="model") from None
+    return ModelDeletedPublic(id=model, deleted=True)

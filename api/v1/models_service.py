@@ -11,17 +11,23 @@ later job's ``model`` (``shared.jobs.model_source``).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
+from api.artifact_download import artifact_store
 from api.model_sources import ModelNotNamed, fine_tuned_model_name, model_source
 from api.v1.fine_tuning_objects import ModelListPublic, ModelPublic
 from api.v1.fine_tuning_service import unix_seconds
+from shared.artifacts.store import ArtifactStoreError, job_key
+from shared.db.artifacts import forget_checkpoint
 from shared.db.models import Checkpoint, CheckpointKind, Job
 from shared.jobs.model_source import FINE_TUNED_PREFIX
 from shared.jobs.status import JobStatus
 from shared.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 BASE_MODEL_OWNER = "system"
 
@@ -49,11 +55,16 @@ def base_models(*, settings: Settings) -> list[ModelPublic]:
     return [ModelPublic(id=name, created=_saved_at(name), owned_by=BASE_MODEL_OWNER) for name in names]
 
 
+# What a fine-tuned model is made of: its job's exported model, or its adapter (LoRA).
+EXPORTED_KINDS = (CheckpointKind.model, CheckpointKind.adapter)
+
+
 def fine_tuned_models(*, session: Session, owner: str) -> list[ModelPublic]:
-    """The models ``owner``'s succeeded jobs made, newest first."""
+    """The models ``owner``'s succeeded jobs exported (and that were not deleted), newest first."""
+    exported = select(Checkpoint.id).where(col(Checkpoint.job_id) == Job.id, col(Checkpoint.kind).in_(EXPORTED_KINDS))
     jobs = session.exec(
         select(Job)
-        .where(Job.owner == owner, Job.status == JobStatus.succeeded)
+        .where(Job.owner == owner, Job.status == JobStatus.succeeded, exported.exists())
         .order_by(col(Job.finished_at).desc(), col(Job.id).desc())
     ).all()
     return [
@@ -94,3 +105,38 @@ def get_model(*, session: Session, settings: Settings, owner: str, model: str) -
         return checkpoint
     listed = list_models(session=session, settings=settings, owner=owner).data
     return next((m for m in listed if m.id == model), None)
+
+
+class ModelNotDeletable(Exception):
+    """A model the caller may not delete: a base model (403), or none of theirs (404)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def delete_fine_tuned_model(*, session: Session, settings: Settings, owner: str, model: str) -> None:
+    """Delete one of ``owner``'s fine-tuned models (its ``fine_tuned_model`` name): the exported
+    model's (or adapter's) rows go, then its files from the store; it leaves ``list_models``,
+    and a job can no longer name it. Its job, events and DeepSpeed checkpoints stay. Raises
+    ModelNotDeletable."""
+    if any(m.id == model for m in base_models(settings=settings)):
+        raise ModelNotDeletable(f"{model!r} is a base model this deployment offers: it cannot be deleted", 403)
+    listed = {m.id for m in fine_tuned_models(session=session, owner=owner)}
+    if model not in listed:
+        raise ModelNotDeletable(f"The model {model!r} does not exist or you do not have access to it", 404)
+    job_id = model_source(session=session, model=model, owner=owner).job_id
+    exported = session.exec(
+        select(Checkpoint).where(Checkpoint.job_id == job_id, col(Checkpoint.kind).in_(EXPORTED_KINDS))
+    ).all()
+    files = [
+        artifact
+        for checkpoint in exported
+        for artifact in forget_checkpoint(session, checkpoint=checkpoint, reason=f"model {model} deleted by {owner}")
+    ]
+    session.commit()  # the rows first: nothing names the files once they start to go
+    keys = [job_key(job_id, artifact.path) for artifact in files]
+    try:
+        artifact_store(settings).delete(keys)
+    except ArtifactStoreError:
+        logger.exception("model %s deleted, but %d of its files are left in the store", model, len(keys))

@@ -23,9 +23,12 @@ from openai.types.fine_tuning import DpoHyperparametersParam
 from sqlmodel import Session, func, select
 
 from api.v1.hyperparameters import pretraining_learning_rate
+from shared.artifacts.store import ArtifactStore, job_key
+from shared.db.artifacts import commit_checkpoint
 from shared.db.engine import get_engine
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, utcnow
 from shared.jobs.status import JobStatus
+from shared.settings import get_settings
 from tests.shared.data.preference_records import OPENAI_DPO
 
 RECORD = {
@@ -500,16 +503,57 @@ def test_models_lists_the_offered_base_models_and_the_caller_s_fine_tuned_ones(
     assert listed == {"object": "list", "data": [base]}  # the model directories under the allowed root
     assert client.get(f"/v1/models/{model_dir}").json() == base  # an id with slashes
     job = create(client, model=str(model_dir), training_file=upload(client), suffix="x").json()
-    with Session(get_engine()) as session:
-        row = session.get(Job, uuid.UUID(job["id"].removeprefix("ftjob-")))
-        assert row is not None
-        row.status, row.finished_at = JobStatus.succeeded, utcnow()
-        session.add(row)
-        session.commit()
+    succeed_with_an_exported_model(job["id"], model_dir)
     name = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"]
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [str(model_dir), name]
     assert client.get(f"/v1/models/{name}").json()["owned_by"] == "local"
     assert error_of(client.get("/v1/models/gpt-4o-mini"), 404)["param"] == "model"
+
+
+def succeed_with_an_exported_model(fine_tuning_job_id: str, model_dir: Path) -> uuid.UUID:
+    """The job succeeded and exported its model, as a worker records it: the weights in the
+    store, the model's checkpoint row."""
+    job_id = uuid.UUID(fine_tuning_job_id.removeprefix("ftjob-"))
+    settings = get_settings()
+    stored = ArtifactStore.from_settings(settings).put_file(
+        model_dir / "model.safetensors", job_key(job_id, "model/model.safetensors")
+    )
+    with Session(get_engine()) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        row.status, row.finished_at = JobStatus.succeeded, utcnow()
+        session.add(row)
+        commit_checkpoint(
+            session,
+            job_id=job_id,
+            kind=CheckpointKind.model,
+            step=1,
+            uri=f"{job_id}/model",
+            files=[("model/model.safetensors", stored)],
+            created_at=utcnow(),
+        )
+        session.commit()
+    return job_id
+
+
+def test_a_fine_tuned_model_is_deleted_with_its_files_and_leaves_the_list(client: TestClient, model_dir: Path) -> None:
+    """The SDK's models.delete: OpenAI's answer; the model's files leave the store, it leaves the
+    list, a job can no longer start from it; its job stays. A base model is a 403."""
+    job = create(client, model=str(model_dir), training_file=upload(client), suffix="gone").json()
+    job_id = succeed_with_an_exported_model(job["id"], model_dir)
+    name = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"]
+    weights = ArtifactStore.from_settings(get_settings()).local_path(job_key(job_id, "model/model.safetensors"))
+    assert weights is not None and weights.is_file()
+    sdk = OpenAI(base_url=f"{client.base_url}/v1", api_key="local", http_client=client, max_retries=0)
+    deleted = sdk.models.delete(name)
+    assert (deleted.id, deleted.object, deleted.deleted) == (name, "model", True)
+    assert not weights.exists()
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [str(model_dir)]
+    assert client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["status"] == "succeeded"
+    continued = error_of(create(client, model=name, training_file=upload(client)), 400)
+    assert continued["param"] == "model" and continued["code"] == "model_not_found"
+    assert error_of(client.delete(f"/v1/models/{name}"), 404)["param"] == "model"
+    assert error_of(client.delete(f"/v1/models/{model_dir}"), 403)["code"] == "permission_denied"
 
 
 def test_with_base_models_set_only_those_are_listed_and_trained(
