@@ -581,6 +581,8 @@ def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
     elif event.type == EventType.plan:
         message = f"Training plan: {data.get('total_steps')} steps"
         payload = {"total_steps": data.get("total_steps")}
+        if dropped := _dropped_text(data.get("dataset_stats") or {}):
+            message, level = f"{message}. {dropped}", "warn"
     elif event.type == EventType.checkpoint:
         kind_name = data.get("kind")
         message = (
@@ -604,6 +606,21 @@ def _event_public(event: JobEvent, job: Job) -> FineTuningJobEventPublic:
         type=kind,
         data=payload,
     )
+
+
+def _dropped_text(dataset_stats: dict[str, Any]) -> str | None:
+    """What the plan's dataset statistics say was left out: the examples with nothing to train
+    on once cut to max_seq_length (the native API shows them in ``dataset_stats`` only)."""
+    parts = []
+    for split, name in (("train", "training"), ("validation", "validation")):
+        stats = dataset_stats.get(split) or {}
+        if stats.get("dropped"):
+            parts.append(
+                f"{stats['dropped']} of {stats.get('records', '?')} {name} examples were left out: nothing in them "
+                f"to train on once cut to {stats.get('max_seq_length', '?')} tokens"
+            )
+    hint = " (shorten them, or submit through the native API with a larger training.max_seq_length)"
+    return "; ".join(parts) + hint if parts else None
 
 
 def _phase_text(data: dict[str, Any]) -> str:

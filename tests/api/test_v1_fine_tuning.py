@@ -731,3 +731,24 @@ def test_an_empty_after_is_the_first_page_and_a_message_event_has_no_null_data(
     assert [j["id"] for j in client.get("/v1/fine_tuning/jobs", params={"after": ""}).json()["data"]] == [job["id"]]
     events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", params={"after": ""}).json()["data"]
     assert events and all("data" not in e or e["data"] is not None for e in events), events
+
+
+def test_examples_left_out_after_truncation_are_said_in_the_events(client: TestClient, model_dir: Path) -> None:
+    """The native API shows them in dataset_stats; /v1 says it in its events, with the count."""
+    from shared.db.lifecycle import record_event
+
+    job = create(client, model=str(model_dir), training_file=upload(client)).json()
+    stats = {"records": 24, "samples": 18, "dropped": 6, "max_seq_length": 64}
+    with Session(get_engine()) as session:
+        record_event(
+            session,
+            job_id=uuid.UUID(job["id"].removeprefix("ftjob-")),
+            type=EventType.plan,
+            data={"total_steps": 5, "dataset_stats": {"train": stats, "validation": {**stats, "dropped": 0}}},
+        )
+        session.commit()
+    (plan,) = [
+        e for e in client.get(f"/v1/fine_tuning/jobs/{job['id']}/events").json()["data"] if "plan" in e["message"]
+    ]
+    assert plan["level"] == "warn" and "6 of 24 training examples were left out" in plan["message"], plan
+    assert "validation" not in plan["message"]
