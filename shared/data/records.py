@@ -514,12 +514,35 @@ def summary(sentences: list[str]) -> str:
     return "; ".join(sentences[:MAX_REPORTED_PROBLEMS]) + (f"; and {more} more bad records" if more > 0 else "")
 
 
+# The fields of a message in OpenAI's chat fine-tuning format. An upload (POST /v1/files) is held
+# to them, as OpenAI's is; a native dataset may carry more (they are ignored).
+OPENAI_MESSAGE_FIELDS = ("role", "content", "name", "weight", "tool_calls", "tool_call_id", "function_call")
+
+
+def unknown_message_field(messages: Any, at: str) -> FieldProblem | None:
+    """The first field of a message in ``messages`` (found at ``at``) that OpenAI's format does
+    not have, or None."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and (unknown := [k for k in message if k not in OPENAI_MESSAGE_FIELDS]):
+            fields = ", ".join(OPENAI_MESSAGE_FIELDS)
+            return FieldProblem(f"{at}[{i}].{unknown[0]}", f"is not a field of OpenAI's chat format ({fields})")
+    return None
+
+
+def openai_upload_chat_problem(record: Any) -> FieldProblem | None:
+    """One record of an upload in OpenAI's chat format: ``openai_chat_problem``, and no message
+    field OpenAI does not take."""
+    return openai_chat_problem(record) or unknown_message_field(record.get("messages"), "messages")
+
+
 def check_openai_chat_file(path: Path, *, max_line_bytes: int) -> int:
-    """Check a JSON Lines file against OpenAI's chat fine-tuning format, every line of it:
-    the number of records, or a DatasetError whose message names the first bad ones
-    (``line 7: messages[1].role must be one of ...``). Read a line at a time, each line at most
-    ``max_line_bytes`` (``TUNEQ_MAX_LINE_BYTES``)."""
-    return check_json_lines(path, openai_chat_problem, example='{"messages": [...]}', max_line_bytes=max_line_bytes)
+    """Check an upload against OpenAI's chat fine-tuning format, every line of it, as OpenAI
+    does (``openai_upload_chat_problem``): the number of records, or a DatasetError whose
+    message names the first bad ones (``line 7: messages[1].role must be one of ...``). Read a
+    line at a time, each line at most ``max_line_bytes`` (``TUNEQ_MAX_LINE_BYTES``)."""
+    return check_json_lines(
+        path, openai_upload_chat_problem, example='{"messages": [...]}', max_line_bytes=max_line_bytes
+    )
 
 
 def check_json_lines(

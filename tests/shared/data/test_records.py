@@ -287,6 +287,17 @@ def test_a_bad_chat_record_is_named_by_line_and_field(tmp_path: Path, record: ob
         assert f"line 7 {FieldProblem(field, rest).native_text()}" in str(native.value), str(native.value)
 
 
+def test_an_upload_is_held_to_openais_message_fields_and_a_native_dataset_is_not(tmp_path: Path) -> None:
+    """OpenAI refuses a message field its format does not have; so does POST /v1/files. A native
+    dataset may carry more (ignored), as the HF Trainer's data often does."""
+    record = with_message(3, mood="cheerful")
+    path = write_jsonl(tmp_path / "d.jsonl", [OPENAI_CHAT] * 6 + [record])
+    with pytest.raises(DatasetError) as e:
+        check_openai_chat_file(path, max_line_bytes=LINE_BYTES)
+    assert str(e.value).startswith("line 7: messages[3].mood is not a field of OpenAI's chat format (role, content"), e
+    assert read_records(path, dataset_format="messages", max_line_bytes=LINE_BYTES).rows[6] == record
+
+
 def test_openai_chat_file_problems_are_summarised_and_json_errors_named(tmp_path: Path) -> None:
     path = write(tmp_path / "d.jsonl", json.dumps(OPENAI_CHAT) + "\n\n{oops\n" + '{"text": "x"}\n' * 6)
     with pytest.raises(DatasetError) as e:
