@@ -228,6 +228,10 @@ def _owners_file(session: Session, file_id: str, owner: str, param: str) -> File
     return file
 
 
+# OpenAI refuses a job on fewer training examples; the native API trains on any number.
+MIN_TRAINING_EXAMPLES = 10
+
+
 def training_examples(*, session: Session, settings: Settings, file: File) -> int:
     """The records of an uploaded file, counted at upload (or now, once, for a file uploaded
     before tuneq counted them)."""
@@ -322,6 +326,13 @@ def create_fine_tuning_job(
     _check_method_takes(training_file, "training_file", requested.method)
     if validation_file is not None:
         _check_method_takes(validation_file, "validation_file", requested.method)
+    if examples < MIN_TRAINING_EXAMPLES:
+        raise FineTuningRequestError(
+            f"training_file {training_file.id} has {examples} example(s): a fine-tuning job needs at least "
+            f"{MIN_TRAINING_EXAMPLES}, as OpenAI's does (the native POST /jobs takes fewer)",
+            param="training_file",
+            code="invalid_training_file",
+        )
     resolved = _resolved_hyperparameters(requested, examples=examples)
     layout = batch_layout(resolved.batch_size, devices=_gpus_per_job(session=session, settings=settings))
     base_rate = pretraining_learning_rate(local_model_config(_base_model(session, request.model, owner)))

@@ -246,7 +246,7 @@ def test_the_plan_of_a_job_on_another_jobs_output(
 
 def upload(client: TestClient) -> str:
     record = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}
-    content = "".join(json.dumps(record) + "\n" for _ in range(8)).encode()
+    content = "".join(json.dumps(record) + "\n" for _ in range(10)).encode()
     answer = client.post(
         "/v1/files", files={"file": ("train.jsonl", content, "application/jsonl")}, data={"purpose": "fine-tune"}
     )

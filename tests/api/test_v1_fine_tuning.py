@@ -49,7 +49,7 @@ def client(database_url: str) -> Iterator[TestClient]:
         yield c
 
 
-def upload(client: TestClient, records: int = 8, record: dict[str, Any] = RECORD) -> str:
+def upload(client: TestClient, records: int = 10, record: dict[str, Any] = RECORD) -> str:
     content = "".join(json.dumps(record) + "\n" for _ in range(records)).encode()
     answer = client.post(
         "/v1/files", files={"file": ("train.jsonl", content, "application/jsonl")}, data={"purpose": "fine-tune"}
@@ -83,14 +83,14 @@ def native(client: TestClient, fine_tuning_job_id: str) -> dict[str, Any]:
 def test_auto_hyperparameters_are_resolved_from_the_file_and_the_job_is_a_native_one(
     client: TestClient, model_dir: Path
 ) -> None:
-    file_id = upload(client, records=8)
+    file_id = upload(client, records=10)
     answer = create(client, model=str(model_dir), training_file=file_id, suffix="weather", metadata={"team": "a"})
     assert answer.status_code == 200, answer.text
     job = answer.json()
     assert re.fullmatch(r"ftjob-[0-9a-f]{32}", job["id"])
-    # 8 examples: epochs so that at least 100 are seen, 0.2 % of them as a batch (at least 1),
+    # 10 examples: epochs so that at least 100 are seen, 0.2 % of them as a batch (at least 1),
     # and the smallest batch's multiplier.
-    resolved = {"n_epochs": 13, "batch_size": 1, "learning_rate_multiplier": 0.05}
+    resolved = {"n_epochs": 10, "batch_size": 1, "learning_rate_multiplier": 0.05}
     assert job | {"id": None, "created_at": None, "seed": None} == {
         "id": None,
         "object": "fine_tuning.job",
@@ -117,9 +117,9 @@ def test_auto_hyperparameters_are_resolved_from_the_file_and_the_job_is_a_native
     # The same job on the native API: the file as its dataset, a config tuneq chose.
     same = native(client, job["id"])
     assert same["dataset"] == file_id and same["deepspeed_config_chosen"] is True
-    assert same["training"]["epochs"] == 13 and same["training"]["seed"] == job["seed"]
+    assert same["training"]["epochs"] == 10 and same["training"]["seed"] == job["seed"]
     assert same["training"]["learning_rate"] == pytest.approx(0.05 * pretraining_learning_rate({}))
-    assert same["training"]["keep_checkpoints"] == 3 and same["training"]["checkpoint_every_steps"] == 8
+    assert same["training"]["keep_checkpoints"] == 3 and same["training"]["checkpoint_every_steps"] == 10
     assert client.get(f"/v1/fine_tuning/jobs/{job['id']}").json() == job
 
 
@@ -160,9 +160,9 @@ def test_given_hyperparameters_set_the_batch_layout_and_the_learning_rate(client
         ({"method": {"type": "dpo", "supervised": {}}}, "method.supervised", "set method.type to 'supervised'"),
         ({"hyperparameters": {"n_epochs": 0}}, "hyperparameters.n_epochs", "between 1 and 50"),
         (
-            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 9}}}},
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 11}}}},
             "method.supervised.hyperparameters.batch_size",
-            "more than the 8 examples",
+            "more than the 10 examples",
         ),
         (
             {
@@ -184,7 +184,7 @@ def test_given_hyperparameters_set_the_batch_layout_and_the_learning_rate(client
 def test_a_bad_request_is_a_400_naming_the_parameter_and_leaves_no_job(
     client: TestClient, model_dir: Path, body: dict[str, Any], param: str, words: str
 ) -> None:
-    file_id = upload(client, records=8)
+    file_id = upload(client, records=10)
     request = {"model": str(model_dir), "training_file": file_id} | body
     refused = error_of(create(client, **request), 400)
     assert refused["param"] == param and words in refused["message"], refused
@@ -258,7 +258,7 @@ def test_the_sdk_creates_a_dpo_job_from_an_openai_dpo_file_with_a_tool_call(
     """The unmodified official SDK, over the app's HTTP (its http_client is the test client)."""
     sdk = OpenAI(base_url=f"{client.base_url}/v1", api_key="local", http_client=client, max_retries=0)
     assert OPENAI_DPO["preferred_output"][0]["tool_calls"]  # the preferred answer calls a tool
-    content = "".join(json.dumps(OPENAI_DPO) + "\n" for _ in range(8)).encode()
+    content = "".join(json.dumps(OPENAI_DPO) + "\n" for _ in range(10)).encode()
     file = sdk.files.create(file=("dpo.jsonl", content), purpose="fine-tune")
     auto: DpoHyperparametersParam = {
         "beta": "auto",
@@ -269,8 +269,8 @@ def test_the_sdk_creates_a_dpo_job_from_an_openai_dpo_file_with_a_tool_call(
     job = sdk.fine_tuning.jobs.create(
         model=str(model_dir), training_file=file.id, method={"type": "dpo", "dpo": {"hyperparameters": auto}}
     )
-    # 8 pairs, resolved as 8 supervised examples are; beta "auto" is 0.1.
-    resolved = {"n_epochs": 13, "batch_size": 1, "learning_rate_multiplier": 0.05}
+    # 10 pairs, resolved as 10 supervised examples are; beta "auto" is 0.1.
+    resolved = {"n_epochs": 10, "batch_size": 1, "learning_rate_multiplier": 0.05}
     assert job.status == "queued" and job.training_file == file.id
     assert job.method is not None and job.method.type == "dpo" and job.method.supervised is None
     assert job.method.dpo is not None and job.method.dpo.hyperparameters is not None
@@ -291,7 +291,7 @@ def test_the_sdk_creates_a_dpo_job_from_an_openai_dpo_file_with_a_tool_call(
         "label_smoothing": 0.0,
         "normalize_by_length": False,
     }
-    assert (training["epochs"], training["micro_batch_size"], training["gradient_accumulation_steps"]) == (13, 1, 1)
+    assert (training["epochs"], training["micro_batch_size"], training["gradient_accumulation_steps"]) == (10, 1, 1)
     assert training["learning_rate"] == pytest.approx(0.05 * pretraining_learning_rate({}))
 
     # Given values are kept; the method left without hyperparameters is all "auto".
@@ -324,7 +324,7 @@ def test_the_sdk_creates_a_dpo_job_from_an_openai_dpo_file_with_a_tool_call(
         ({"hyperparameters": {"beta": 0}}, None, "method.dpo.hyperparameters.beta", "more than 0 and at most 2"),
         ({"hyperparameters": {"beta": 2.5}}, None, "method.dpo.hyperparameters.beta", "more than 0 and at most 2"),
         ({"hyperparameters": {"beta": "high"}}, None, "method.dpo.hyperparameters.beta", "'auto' or a number"),
-        ({"hyperparameters": {"batch_size": 9}}, None, "method.dpo.hyperparameters.batch_size", "the 8 examples"),
+        ({"hyperparameters": {"batch_size": 11}}, None, "method.dpo.hyperparameters.batch_size", "the 10 examples"),
         ({"hyperparameters": {"n_epochs": 51}}, None, "method.dpo.hyperparameters.n_epochs", "between 1 and 50"),
         ({"hyperparameters": {"gamma": 1}}, None, "method.dpo.hyperparameters.gamma", "Extra inputs"),
         ({}, {"n_epochs": 2}, "hyperparameters", "under method.dpo.hyperparameters"),
@@ -676,6 +676,9 @@ def test_refusals_carry_a_stable_code_per_kind(client: TestClient, model_dir: Pa
         refused = error_of(create(client, **body), 400)
         assert (refused["param"], refused["code"]) == (param, code), (body, refused)
     assert create(client, model=str(model_dir), training_file=training_file, seed=2**31 - 1).status_code == 200
+    # Fewer than 10 examples: OpenAI refuses the job, and so does /v1 (the native API takes them).
+    few = error_of(create(client, model=str(model_dir), training_file=upload(client, records=9)), 400)
+    assert (few["param"], few["code"]) == ("training_file", "invalid_training_file") and "at least 10" in few["message"]
     assert error_of(client.get("/v1/fine_tuning/jobs/ftjob-nope"), 404)["code"] == "not_found"
 
 

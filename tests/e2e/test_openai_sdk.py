@@ -57,7 +57,8 @@ def bob(service: Tuneq) -> OpenAI:
     return sdk(service, service.create_key("bob"))
 
 
-def chat_file(path: Path, records: int = 8, *, line_7: str | None = None) -> Path:
+def chat_file(path: Path, records: int = 12, *, line_7: str | None = None) -> Path:
+    """``records`` copies of CHAT (a job on /v1 needs at least 10, as on OpenAI's)."""
     lines = [json.dumps(CHAT)] * records
     if line_7 is not None:
         lines[6] = line_7
@@ -150,11 +151,11 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
         suffix="weather",
         seed=3,
         metadata={"team": "forecast"},
-        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}}},
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 3}}},
     )
     assert job.object == "fine_tuning.job" and job.status == "queued" and job.training_file == file.id
-    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 2
-    assert job.hyperparameters.learning_rate_multiplier == 0.05  # "auto" for a batch of 2
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 3
+    assert job.hyperparameters.learning_rate_multiplier == 0.05  # "auto" for a batch of 3
 
     statuses = follow(alice, job.id)
     done = alice.fine_tuning.jobs.retrieve(job.id)
@@ -176,7 +177,7 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     assert len({e.id for e in events}) == len(events)
     assert events[0].message.startswith("The job has successfully completed")
     metrics = [e for e in events if e.type == "metrics"]
-    # 8 examples in batches of 2, twice: 8 steps, newest first.
+    # 12 examples in batches of 3, twice: 8 steps, newest first.
     assert [e.data["step"] for e in metrics] == list(range(8, 0, -1))  # type: ignore[index]
     assert all(e.data["train_loss"] > 0 for e in metrics)  # type: ignore[index]
 
@@ -213,12 +214,12 @@ def events_of(client: OpenAI, job_id: str) -> list[openai.types.fine_tuning.Fine
 def test_the_sdk_pauses_a_running_job_and_resumes_it_from_its_checkpoint(
     alice: OpenAI, service: Tuneq, tmp_path: Path
 ) -> None:
-    with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
+    with chat_file(tmp_path / "weather.jsonl", 10).open("rb") as f:
         file = alice.files.create(file=f, purpose="fine-tune")
     job = alice.fine_tuning.jobs.create(
         model=str(service.home / "data" / "tiny-gpt-neo"),
         training_file=file.id,
-        hyperparameters={"n_epochs": 10, "batch_size": 1},  # 80 steps, a checkpoint every 8
+        hyperparameters={"n_epochs": 8, "batch_size": 1},  # 80 steps, a checkpoint every 10
     )
     deadline = time.monotonic() + 240
     while not any(e.type == "metrics" for e in events_of(alice, job.id)):
@@ -255,7 +256,7 @@ def test_the_sdk_continues_from_a_fine_tuned_model_and_from_a_checkpoint(
 ) -> None:
     with chat_file(tmp_path / "weather.jsonl").open("rb") as f:
         file = alice.files.create(file=f, purpose="fine-tune")
-    hyperparameters = {"n_epochs": 2, "batch_size": 2, "learning_rate_multiplier": 10}
+    hyperparameters = {"n_epochs": 2, "batch_size": 3, "learning_rate_multiplier": 10}  # 4 steps an epoch
     first = alice.fine_tuning.jobs.create(
         model=str(service.home / "data" / "tiny-gpt-neo"),
         training_file=file.id,
