@@ -343,7 +343,9 @@ def download_artifact(
     return serve_artifact(artifact, settings=settings, range_header=range, if_range=if_range)
 
 
-@router.post("/{job_id}/downloads", response_model=DownloadLinkPublic, status_code=201, responses=NOT_FOUND)
+@router.post(
+    "/{job_id}/downloads", response_model=DownloadLinkPublic, status_code=201, responses={**NOT_FOUND, **BODY_ERRORS}
+)
 def create_download_link(
     job_id: uuid.UUID, link_in: DownloadLinkCreate, session: SessionDep, caller: CallerDep
 ) -> DownloadLinkPublic:

@@ -237,6 +237,7 @@ NUL_SWEEP_PATH_VALUES = {  # an operation with a path parameter not listed here 
     "file_id": "file-0123456789abcdef",
     "path": "model/model.safetensors",
     "model": "tiny-gpt-neo",
+    "token": "dl_0123456789abcdef",
 }
 # Read by routes without being declared (`metadata[key]` of GET /v1/fine_tuning/jobs, the API key),
 # or by none: a NUL there is refused all the same.
