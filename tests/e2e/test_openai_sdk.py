@@ -3,13 +3,15 @@ fine-tuning APIs at /v1.
 
 What a team moving off OpenAI runs: ``OpenAI(base_url=".../v1", api_key=<a tuneq key>)``,
 ``client.files`` and ``client.fine_tuning.jobs``, unchanged, training the tiny model for real.
-API keys are on, so two owners see only their own files and jobs.
+API keys are on, so two owners see only their own files and jobs. Every answer the SDK gets is
+held to the SDK's own response types (tests/e2e/openai_conformance.py).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -19,6 +21,7 @@ from openai import OpenAI
 from cli.samples import write_preference_dataset
 
 from .harness import Tuneq
+from .openai_conformance import ConformanceRecorder
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +45,22 @@ def service_env() -> dict[str, str]:
     return {"TUNEQ_AUTH": "on"}  # on loopback too: the SDK sends its api_key as a Bearer key
 
 
+# Every /v1 answer the SDK receives here, held to the SDK's own types after each test.
+RECORDER = ConformanceRecorder()
+
+
+@pytest.fixture(autouse=True)
+def answers_conform_to_the_sdks_types() -> Iterator[None]:
+    RECORDER.answers.clear()
+    yield
+    assert RECORDER.violations() == []
+
+
 def sdk(service: Tuneq, key: str) -> OpenAI:
     # No retries: a refusal must surface as the exception it is, at once.
-    return OpenAI(base_url=f"http://127.0.0.1:{service.port}/v1", api_key=key, max_retries=0)
+    return OpenAI(
+        base_url=f"http://127.0.0.1:{service.port}/v1", api_key=key, max_retries=0, http_client=RECORDER.client()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +221,8 @@ def test_the_sdk_fine_tunes_follows_lists_and_cancels(
     with pytest.raises(openai.BadRequestError) as e:
         bob.fine_tuning.jobs.create(model=model, training_file=file.id)  # alice's file
     assert e.value.param == "training_file"
+    # The answers above were recorded, each to be held to the SDK's type after the test.
+    assert {path.split("/")[2] for _, path, _ in RECORDER.answers} >= {"files", "fine_tuning", "models"}
 
 
 def events_of(client: OpenAI, job_id: str) -> list[openai.types.fine_tuning.FineTuningJobEvent]:
