@@ -15,6 +15,7 @@ from functools import lru_cache
 from fastapi import HTTPException, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
+from api.errors import Responses, error
 from shared.artifacts.store import ArtifactStore, job_key
 from shared.db.models import Artifact
 from shared.settings import Settings
@@ -26,6 +27,15 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 @lru_cache(maxsize=4)
 def _store(uri: str, s3_endpoint_url: str) -> ArtifactStore:
     return ArtifactStore(uri, s3_endpoint_url=s3_endpoint_url)
+
+
+# What a route that serves a stored file answers (GET /jobs/{id}/artifacts/{path}, GET /downloads/{token}).
+FILE_RESPONSES: Responses = {
+    200: {"content": {"application/octet-stream": {}}, "description": "The file"},
+    206: {"content": {"application/octet-stream": {}}, "description": "The bytes the Range header asked for"},
+    307: {"description": "A presigned URL of the store (TUNEQ_ARTIFACTS_PRESIGN)"},
+    416: error("The Range is outside the file"),
+}
 
 
 def artifact_store(settings: Settings) -> ArtifactStore:

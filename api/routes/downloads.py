@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, HTTPException
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
 
-from api.artifact_download import serve_artifact
+from api.artifact_download import FILE_RESPONSES, serve_artifact
 from api.deps import ReadSessionDep, SettingsDep
 from api.download_links import artifact_of_link
 from api.errors import error
@@ -20,13 +20,7 @@ router = APIRouter(tags=["jobs"])
 @router.get(
     "/downloads/{token}",
     response_class=StreamingResponse,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "The file"},
-        206: {"content": {"application/octet-stream": {}}, "description": "The bytes the Range header asked for"},
-        307: {"description": "A presigned URL of the store (TUNEQ_ARTIFACTS_PRESIGN)"},
-        404: error("The link is unknown or expired"),
-        416: error("The Range is outside the file"),
-    },
+    responses={**FILE_RESPONSES, 404: error("The link is unknown or expired")},
 )
 def download_by_link(
     token: Annotated[str, PathParam(max_length=200)],

@@ -12,7 +12,7 @@ from sqlmodel import Session
 from sse_starlette.sse import EventSourceResponse
 
 from api import jobs_service, plan_service
-from api.artifact_download import serve_artifact
+from api.artifact_download import FILE_RESPONSES, serve_artifact
 from api.auth import Caller, CallerDep, OwnerDep
 from api.deps import ReadSessionDep, SessionDep, SettingsDep
 from api.download_links import create_link
@@ -318,13 +318,7 @@ def get_artifacts(job_id: uuid.UUID, session: ReadSessionDep, caller: CallerDep)
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=StreamingResponse,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "The file"},
-        206: {"content": {"application/octet-stream": {}}, "description": "The bytes the Range header asked for"},
-        307: {"description": "A presigned URL of the store (TUNEQ_ARTIFACTS_PRESIGN)"},
-        416: error("The Range is outside the file"),
-        **NOT_FOUND,
-    },
+    responses={**FILE_RESPONSES, **NOT_FOUND},
 )
 def download_artifact(
     job_id: uuid.UUID,
