@@ -41,6 +41,7 @@ from shared.data.records import (
     string_field_problem,
     summary,
     tools_problem,
+    unknown_message_field,
 )
 
 PreferenceShape = Literal["openai", "trl"]
@@ -117,11 +118,18 @@ def preference_pair(record: Any, shape: PreferenceShape) -> PreferencePair | Fie
 
 def openai_preference_problem(record: Any) -> FieldProblem | None:
     """What is wrong with one record of OpenAI's DPO fine-tuning format (what ``POST /v1/files``
-    takes beside chat records), or None."""
+    takes beside chat records), or None: a message field OpenAI's format lacks is refused too."""
     if preference_shape(record) == "trl":
         return FieldProblem(None, f"has TRL's preference fields: OpenAI's DPO format is {EXAMPLES['openai']}")
     found = preference_pair(record, "openai")
-    return found if isinstance(found, FieldProblem) else None
+    if isinstance(found, FieldProblem):
+        return found
+    # As for chat uploads (records.openai_upload_chat_problem): only the message fields OpenAI takes.
+    return (
+        unknown_message_field(record["input"].get("messages"), "input.messages")
+        or unknown_message_field(record.get("preferred_output"), "preferred_output")
+        or unknown_message_field(record.get("non_preferred_output"), "non_preferred_output")
+    )
 
 
 def supervised_refusal(holder: str, evidence: str) -> str:

@@ -190,3 +190,17 @@ def test_an_upload_is_chat_or_openai_dpo_records_every_line_checked(tmp_path: Pa
     assert said.startswith("line 2: non_preferred_output is missing: a preference record needs two answers"), said
     assert "; line 4: the record has TRL's preference fields: OpenAI's DPO format is {\"input\"" in said
     assert [p.line for p in e.value.problems] == [2, 4]
+
+
+def test_an_uploads_dpo_messages_are_held_to_openais_message_fields(tmp_path: Path) -> None:
+    """As for chat uploads: a message field OpenAI's format lacks is refused, in the input's
+    messages and in either answer, naming where."""
+    extra_input = {**OPENAI_DPO, "input": {**OPENAI_DPO["input"], "messages": [{**USER, "mood": "curious"}]}}
+    extra_answer = {**OPENAI_DPO, "non_preferred_output": [{**OPENAI_DPO["non_preferred_output"][0], "score": 2}]}
+    with pytest.raises(DatasetError) as e:
+        check_uploaded_file(
+            write_jsonl(tmp_path / "bad.jsonl", [OPENAI_DPO, extra_input, extra_answer]), max_line_bytes=LINE_BYTES
+        )
+    said = str(e.value)
+    assert said.startswith("line 2: input.messages[0].mood is not a field of OpenAI's chat format"), said
+    assert "; line 3: non_preferred_output[0].score is not a field" in said
