@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlmodel import Session, col, delete
 
 from shared.db.artifacts import get_artifact
-from shared.db.models import Artifact, DownloadLink, utcnow
+from shared.db.models import Artifact, DownloadLink, as_utc, utcnow
 
 # Long enough to click, short enough that a link copied out of the browser soon stops working.
 LINK_SECONDS = 600
@@ -45,7 +45,6 @@ def artifact_of_link(*, session: Session, token: str) -> Artifact | None:
     link = session.get(DownloadLink, _hash(token)) if token.startswith(TOKEN_PREFIX) else None
     if link is None:
         return None
-    expires_at = link.expires_at if link.expires_at.tzinfo else link.expires_at.replace(tzinfo=utcnow().tzinfo)
-    if expires_at <= utcnow():
+    if as_utc(link.expires_at) <= utcnow():
         return None
     return get_artifact(session=session, job_id=link.job_id, path=link.path)

@@ -9,7 +9,7 @@ no id).
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy import func
@@ -17,7 +17,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from api.auth import Caller
 from shared.db.lifecycle import ACTIVE, live_worker
-from shared.db.models import Job, JobNode, NodeState, UTCDateTime, Worker, utcnow
+from shared.db.models import Job, JobNode, NodeState, UTCDateTime, Worker, as_utc, utcnow
 from shared.jobs.status import JobStatus
 from shared.settings import Settings
 
@@ -120,7 +120,7 @@ def list_workers(*, session: Session, settings: Settings, caller: Caller) -> Wor
     rows = session.exec(select(Worker).order_by(col(Worker.queue), col(Worker.id))).all()
     answers: list[WorkerPublic] = []
     for worker in rows:
-        live = _as_utc(worker.last_seen_at) >= since
+        live = as_utc(worker.last_seen_at) >= since
         job = running.get(worker.id)
         state, reason = _state(worker, live=live, running=job, seen_seconds=settings.worker_seen_seconds)
         answers.append(
@@ -137,13 +137,8 @@ def list_workers(*, session: Session, settings: Settings, caller: Caller) -> Wor
     return WorkersPublic(data=answers, seen_seconds=settings.worker_seen_seconds)
 
 
-def _as_utc(value: datetime) -> datetime:
-    # SQLite hands timestamps back without their zone; every timestamp tuneq writes is UTC.
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def _seconds_since(value: datetime | None, now: datetime) -> float | None:
-    return None if value is None else max(0.0, (now - _as_utc(value)).total_seconds())
+    return None if value is None else max(0.0, (now - as_utc(value)).total_seconds())
 
 
 def list_queues(*, session: Session, settings: Settings, caller: Caller) -> QueuesPublic:

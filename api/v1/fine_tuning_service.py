@@ -64,7 +64,7 @@ from api.v1.pages import past_cursor
 from shared.data.preference import EXAMPLES as PREFERENCE_EXAMPLES
 from shared.data.uploaded_files import UPLOAD_PURPOSE, check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
-from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric
+from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, as_utc
 from shared.jobs.model_source import checkpoint_name, names_a_job
 from shared.jobs.spec import DpoOptions, JobCreate, TrainingOptions
 from shared.jobs.status import JobStatus
@@ -433,7 +433,7 @@ def _training_options(
 def unix_seconds(value: datetime | None) -> int | None:
     if value is None:
         return None
-    return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
+    return int(as_utc(value).timestamp())
 
 
 def fine_tuning_status(job: Job) -> FineTuningStatus:

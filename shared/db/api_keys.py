@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from sqlmodel import Session, col, select
 
-from shared.db.models import ApiKey, utcnow
+from shared.db.models import ApiKey, as_utc, utcnow
 
 KEY_PREFIX = "tq_"
 # last_used_at is written at most this often per key, so requests do not each write a row.
@@ -79,7 +79,7 @@ def holder_of_key(*, session: Session, key: str) -> ApiKey | None:
         return None
     now = utcnow()
     last = row.last_used_at
-    if last is None or (last if last.tzinfo else last.replace(tzinfo=now.tzinfo)) < now - LAST_USED_RESOLUTION:
+    if last is None or as_utc(last) < now - LAST_USED_RESOLUTION:
         row.last_used_at = now
         session.add(row)
         session.commit()

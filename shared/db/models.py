@@ -387,12 +387,13 @@ class ArtifactStoreRecord(SQLModel, table=True):
 # ---- public shapes ---------------------------------------------------------------------
 
 
-def _as_utc(value: datetime) -> datetime:
-    # SQLite hands timestamps back without their zone; every timestamp tuneq writes is UTC.
+def as_utc(value: datetime) -> datetime:
+    """A timestamp read back from SQL, with its zone: SQLite hands timestamps back without one,
+    and every timestamp tuneq writes is UTC."""
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+UTCDateTime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class JobError(SQLModel):
@@ -582,7 +583,7 @@ class FilePublic(FileBase):
 
     @classmethod
     def from_file(cls, file: File) -> FilePublic:
-        created = int(_as_utc(file.created_at).timestamp())
+        created = int(as_utc(file.created_at).timestamp())
         return cls(id=file.id, filename=file.filename, purpose=file.purpose, bytes=file.bytes, created_at=created)
 
 
