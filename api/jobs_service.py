@@ -18,10 +18,10 @@ from sqlmodel import Session, col, select
 
 from api.auth import Caller
 from api.model_sources import ResolvedModel, resolve_model
-from api.v1.files_service import get_file
+from api.v1.files_service import get_file, not_training_data
 from shared.data.preference import supervised_refusal
 from shared.data.records import preference_refusal
-from shared.data.uploaded_files import UPLOAD_PURPOSE, is_file_id
+from shared.data.uploaded_files import is_file_id
 from shared.db.engine import get_read_engine
 from shared.db.gangs import current_nodes, place_and_start
 from shared.db.job_events import last_log_events, list_events
@@ -182,14 +182,8 @@ def uploaded_file_problems(*, session: Session, job_in: JobCreate, owner: str) -
             problems.append(
                 Problem(("body", field), f"file {value} not found: upload it with POST /v1/files and give its id")
             )
-        elif file.purpose != UPLOAD_PURPOSE:
-            problems.append(
-                Problem(
-                    ("body", field),
-                    f"file {value} is a job's results (purpose {file.purpose!r}), not data to train on: upload the "
-                    "data with POST /v1/files (purpose 'fine-tune') and give its id",
-                )
-            )
+        elif (refusal := not_training_data(file)) is not None:
+            problems.append(Problem(("body", field), refusal))
         elif dpo and file.dataset_format != "preference":
             evidence = "uploaded in OpenAI's chat format: messages"
             problems.append(Problem(("body", field), supervised_refusal(f"file {value}", evidence)))

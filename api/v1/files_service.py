@@ -134,6 +134,17 @@ def get_file(*, session: Session, file_id: str, owner: str) -> File | None:
     return file if file is not None and file.owner == owner else None
 
 
+def not_training_data(file: File) -> str | None:
+    """Why ``file`` is not data to train on (a job's results file), or None: the one refusal of
+    both doors, /v1's ``training_file`` and a native job's ``dataset``."""
+    if file.purpose == UPLOAD_PURPOSE:
+        return None
+    return (
+        f"file {file.id} is a job's results (purpose {file.purpose!r}), not data to train on: upload the data "
+        "with POST /v1/files (purpose 'fine-tune') and give its id"
+    )
+
+
 def list_files(
     *, session: Session, owner: str, purpose: str | None, limit: int, order: Order, after: str | None
 ) -> FileListPublic:

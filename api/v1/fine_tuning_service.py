@@ -27,7 +27,7 @@ from api.auth import Caller
 from api.jobs_service import create_job, deployment_hardware, get_job
 from api.model_sources import ModelNotNamed, base_model_of, fine_tuned_model_name, model_source
 from api.v1.errors import OpenAIRequestError
-from api.v1.files_service import get_file
+from api.v1.files_service import get_file, not_training_data
 from api.v1.fine_tuning_objects import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_PAIRS,
@@ -62,7 +62,7 @@ from api.v1.hyperparameters import (
 )
 from api.v1.pages import past_cursor
 from shared.data.preference import EXAMPLES as PREFERENCE_EXAMPLES
-from shared.data.uploaded_files import UPLOAD_PURPOSE, check_uploaded_file, uploaded_file_path
+from shared.data.uploaded_files import check_uploaded_file, uploaded_file_path
 from shared.db.job_events import newest_events
 from shared.db.models import Checkpoint, CheckpointKind, EventType, File, Job, JobEvent, JobMetric, as_utc
 from shared.jobs.model_source import checkpoint_name, names_a_job
@@ -218,13 +218,8 @@ def _owners_file(session: Session, file_id: str, owner: str, param: str) -> File
             param=param,
             code="file_not_found",
         )
-    if file.purpose != UPLOAD_PURPOSE:
-        raise FineTuningRequestError(
-            f"{param}: file {file_id} has purpose {file.purpose!r} (a job's results), not 'fine-tune': upload the "
-            "data to train on with POST /v1/files (purpose 'fine-tune') and give its id",
-            param=param,
-            code="invalid_file_purpose",
-        )
+    if (refusal := not_training_data(file)) is not None:
+        raise FineTuningRequestError(f"{param}: {refusal}", param=param, code="invalid_file_purpose")
     return file
 
 
@@ -312,27 +307,10 @@ def create_fine_tuning_job(
     job with ``training.dpo.beta`` (an example being a pair). Raises
     FineTuningRequestError, or create_job's errors."""
     requested = _requested_hyperparameters(request)
-    if request.integrations:
-        raise FineTuningRequestError(
-            "integrations are not supported yet: leave them out (metrics are on GET /v1/fine_tuning/jobs/{id}/events)",
-            param="integrations",
-        )
-    _check_metadata(request.metadata)
-    training_file = _owners_file(session, request.training_file, owner, "training_file")
-    validation_file = None
-    if request.validation_file is not None:
-        validation_file = _owners_file(session, request.validation_file, owner, "validation_file")
-    examples = training_examples(session=session, settings=settings, file=training_file)
-    _check_method_takes(training_file, "training_file", requested.method)
-    if validation_file is not None:
-        _check_method_takes(validation_file, "validation_file", requested.method)
-    if examples < MIN_TRAINING_EXAMPLES:
-        raise FineTuningRequestError(
-            f"training_file {training_file.id} has {examples} example(s): a fine-tuning job needs at least "
-            f"{MIN_TRAINING_EXAMPLES}, as OpenAI's does (the native POST /jobs takes fewer)",
-            param="training_file",
-            code="invalid_training_file",
-        )
+    _check_request(request)
+    examples = _checked_training_examples(
+        session=session, settings=settings, owner=owner, request=request, method=requested.method
+    )
     resolved = _resolved_hyperparameters(requested, examples=examples)
     layout = batch_layout(resolved.batch_size, devices=_gpus_per_job(session=session, settings=settings))
     base_rate = pretraining_learning_rate(local_model_config(_base_model(session, request.model, owner)))
@@ -351,26 +329,15 @@ def create_fine_tuning_job(
             validated=request.validation_file is not None,
         ),
     )
-    fine_tuning = {
-        "suffix": request.suffix,
-        "metadata": request.metadata,
-        # The method's batch size, epochs and multiplier; a DPO job's beta is its training.dpo.beta.
-        "hyperparameters": ResolvedHyperparameters.model_validate(resolved.model_dump()).model_dump(),
-    }
-    try:
-        job, created = create_job(
-            session=session,
-            job_in=job_in,
-            settings=settings,
-            owner=owner,
-            idempotency_key=idempotency_key,
-            fine_tuning=fine_tuning,
-            fingerprint=request_fingerprint(request),
-        )
-    except JobValidationError as e:
-        first = e.problems[0]
-        field = str(first.loc[1]) if len(first.loc) > 1 else ""
-        raise FineTuningRequestError(first.message, param=_PARAMS.get(field)) from None
+    job, created = _create_native_job(
+        session=session,
+        settings=settings,
+        owner=owner,
+        request=request,
+        job_in=job_in,
+        resolved=resolved,
+        idempotency_key=idempotency_key,
+    )
     if created:
         logger.info(
             "fine-tuning job %s (%s): %d epochs of %d examples in batches of %d on %d ranks, lr %.3g",
@@ -383,6 +350,73 @@ def create_fine_tuning_job(
             job_in.training.learning_rate,
         )
     return job
+
+
+def _check_request(request: FineTuningJobCreate) -> None:
+    """What the request names that tuneq refuses whatever its files: integrations, bad metadata."""
+    if request.integrations:
+        raise FineTuningRequestError(
+            "integrations are not supported yet: leave them out (metrics are on GET /v1/fine_tuning/jobs/{id}/events)",
+            param="integrations",
+        )
+    _check_metadata(request.metadata)
+
+
+def _checked_training_examples(
+    *, session: Session, settings: Settings, owner: str, request: FineTuningJobCreate, method: JobMethod
+) -> int:
+    """The training file's examples, once both files are the owner's, data to train on, of the
+    kind ``method`` trains on, and the training file holds at least MIN_TRAINING_EXAMPLES."""
+    training_file = _owners_file(session, request.training_file, owner, "training_file")
+    validation_file = None
+    if request.validation_file is not None:
+        validation_file = _owners_file(session, request.validation_file, owner, "validation_file")
+    examples = training_examples(session=session, settings=settings, file=training_file)
+    _check_method_takes(training_file, "training_file", method)
+    if validation_file is not None:
+        _check_method_takes(validation_file, "validation_file", method)
+    if examples < MIN_TRAINING_EXAMPLES:
+        raise FineTuningRequestError(
+            f"training_file {training_file.id} has {examples} example(s): a fine-tuning job needs at least "
+            f"{MIN_TRAINING_EXAMPLES}, as OpenAI's does (the native POST /jobs takes fewer)",
+            param="training_file",
+            code="invalid_training_file",
+        )
+    return examples
+
+
+def _create_native_job(
+    *,
+    session: Session,
+    settings: Settings,
+    owner: str,
+    request: FineTuningJobCreate,
+    job_in: JobCreate,
+    resolved: ResolvedHyperparameters | ResolvedDpoHyperparameters,
+    idempotency_key: str | None,
+) -> tuple[Job, bool]:
+    """``create_job`` with what /v1 keeps beside the native job (suffix, metadata, the method's
+    hyperparameters); a native refusal as /v1's, naming OpenAI's parameter."""
+    fine_tuning = {
+        "suffix": request.suffix,
+        "metadata": request.metadata,
+        # The method's batch size, epochs and multiplier; a DPO job's beta is its training.dpo.beta.
+        "hyperparameters": ResolvedHyperparameters.model_validate(resolved.model_dump()).model_dump(),
+    }
+    try:
+        return create_job(
+            session=session,
+            job_in=job_in,
+            settings=settings,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            fine_tuning=fine_tuning,
+            fingerprint=request_fingerprint(request),
+        )
+    except JobValidationError as e:
+        first = e.problems[0]
+        field = str(first.loc[1]) if len(first.loc) > 1 else ""
+        raise FineTuningRequestError(first.message, param=_PARAMS.get(field)) from None
 
 
 def _resolved_hyperparameters(
