@@ -26,12 +26,11 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.b9_load import CpuMeter
-from benchmarks.common import REDIS_URL, REPO, percentile
+from benchmarks.common import REDIS_URL, REPO, metric_line, percentile
 from benchmarks.keyed_deployment import KeyedDeployment, keyed_deployment, trees_argument
 from benchmarks.results import Check, Result, Stat
 
@@ -43,26 +42,9 @@ FOLLOWERS_PER_JOB = 20
 ROUNDS = 20
 ROUND_SECONDS = 0.5
 EVENTS_PER_BATCH = 2
+STEPS = ROUNDS * EVENTS_PER_BATCH  # each job's, over the run
 TARGET_P99_MS = 100.0
 FOLLOWER_TIMEOUT = 300.0
-
-
-def metric_line(step: int) -> str:
-    """A rank's metric event, stamped with the time it is written."""
-    return json.dumps(
-        {
-            "type": "metric",
-            "step": step,
-            "loss": 2.0 + 1 / step,
-            "learning_rate": 3e-5,
-            "grad_norm": 1.0,
-            "epoch": step / (ROUNDS * EVENTS_PER_BATCH),
-            "tokens_per_second": 1000.0,
-            "samples_per_second": 4.0,
-            "tokens_seen": step * 512,
-            "time": datetime.now(UTC).isoformat(),
-        }
-    )
 
 
 @dataclass
@@ -137,7 +119,8 @@ class RunningJobs:
         started = time.perf_counter()
         for job_id in self.ids:
             with self.paths[job_id].open("a") as f:
-                f.writelines(metric_line(first_step + i) + "\n" for i in range(EVENTS_PER_BATCH))
+                lines = (metric_line(first_step + i, steps=STEPS) + "\n" for i in range(EVENTS_PER_BATCH))
+                f.writelines(lines)
             with Session(self.engine) as session:
                 self.ingestors[job_id].poll(session)
         return time.perf_counter() - started

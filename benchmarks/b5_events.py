@@ -30,6 +30,7 @@ from benchmarks.common import (
     drop_schema,
     fresh_postgres_schema,
     keep_log,
+    metric_line,
     migrate,
     percentile,
     tuneq_env,
@@ -41,23 +42,6 @@ EVENTS = 20_000
 SUBSCRIBERS = int(os.environ.get("TUNEQ_BENCH_SSE_SUBSCRIBERS", "200"))
 LATENCY_BATCHES = 20  # written 0.1 s apart
 EVENTS_PER_BATCH = 5
-
-
-def _metric_line(step: int) -> str:
-    return json.dumps(
-        {
-            "type": "metric",
-            "step": step,
-            "loss": 2.0 + 1 / step,
-            "learning_rate": 3e-5,
-            "grad_norm": 1.0,
-            "epoch": step / EVENTS,
-            "tokens_per_second": 1000.0,
-            "samples_per_second": 4.0,
-            "tokens_seen": step * 512,
-            "time": datetime.now(UTC).isoformat(),
-        }
-    )
 
 
 def _use_settings(env: dict[str, str]) -> None:
@@ -97,7 +81,7 @@ def _ingest_rate(engine: Any, home: Path) -> float:
 
     job_id = _insert_job(engine)
     events_path = home / f"events-{job_id}.jsonl"
-    events_path.write_text("".join(_metric_line(step) + "\n" for step in range(1, EVENTS + 1)))
+    events_path.write_text("".join(metric_line(step, steps=EVENTS) + "\n" for step in range(1, EVENTS + 1)))
     ingestor = EventIngestor(events_path=events_path, log_path=None, job_id=job_id)
     done = 0
     started = time.perf_counter()
@@ -151,7 +135,7 @@ async def _latency_run(base_url: str, engine: Any, home: Path) -> list[float]:
                 with events_path.open("a") as f:
                     for _ in range(EVENTS_PER_BATCH):
                         step += 1
-                        f.write(_metric_line(step) + "\n")
+                        f.write(metric_line(step, steps=EVENTS) + "\n")
                 with Session(engine) as session:
                     await asyncio.to_thread(ingestor.poll, session)
                 await asyncio.sleep(0.1)

@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from benchmarks.common import REDIS_URL, REPO, Server, drop_schema, fresh_postgres_schema, migrate, tuneq_env
+from benchmarks.keyed_deployment import trees_argument
 from benchmarks.results import Check, Result, Stat
 from shared.ports import free_port
 
@@ -453,14 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    trees = {"this checkout": REPO}
-    if args.tree:
-        trees = {}
-        for spec in args.tree:
-            name, _, path = spec.partition("=")
-            if not path or not (Path(path) / "cli" / "main.py").is_file():
-                parser.error(f"--tree {spec}: give NAME=PATH of a tuneq checkout")
-            trees[name] = Path(path).resolve()
+    trees = trees_argument(parser, args.tree)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     measured = _measure_trees(trees, args.repeats, profile=args.profile)

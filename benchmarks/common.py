@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -151,3 +153,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+def metric_line(step: int, *, steps: int) -> str:
+    """A rank's metric event for step ``step`` of ``steps``, as the worker ingests it, stamped
+    with the time it is written (what an event's latency is measured from)."""
+    return json.dumps(
+        {
+            "type": "metric",
+            "step": step,
+            "loss": 2.0 + 1 / step,
+            "learning_rate": 3e-5,
+            "grad_norm": 1.0,
+            "epoch": step / steps,
+            "tokens_per_second": 1000.0,
+            "samples_per_second": 4.0,
+            "tokens_seen": step * 512,
+            "time": datetime.now(UTC).isoformat(),
+        }
+    )
