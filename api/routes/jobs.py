@@ -197,9 +197,8 @@ def lookup_jobs(
     """The caller's jobs whose id starts with ``id_prefix`` (dashes ignored), newest first, at
     most 10; ``count`` is how many there are: one is the job a short id names."""
     prefix = id_prefix.replace("-", "").lower()
-    listed = None if caller.admin else caller.owner
     jobs, count = jobs_service.jobs_with_id_prefix(
-        session=session, owner=listed, prefix=prefix, limit=ID_PREFIX_MATCHES
+        session=session, owner=_listed_owner(caller, None), prefix=prefix, limit=ID_PREFIX_MATCHES
     )
     return JobsPublic(data=[jobs_service.job_public(session=session, job=j) for j in jobs], count=count)
 
